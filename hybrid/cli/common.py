@@ -1,0 +1,42 @@
+"""Options and helpers shared by the commands: the model argument, opening a model, byte formatting."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from gguf_io import GGUFFile, open_gguf
+from hybrid.models import resolve_model
+
+ModelArg = Annotated[
+    Optional[str],
+    typer.Argument(help="Path to a GGUF model. Default: the embedded demo model (Gemma 3 270M Q4_K_M).", show_default=False),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+
+
+def cache_dir() -> Path | None:
+    env = os.environ.get("HYBRID_CACHE_DIR")
+    return Path(env) if env else None
+
+
+def open_model(model: str | None) -> GGUFFile:
+    return open_gguf(resolve_model(model, cache_dir()))
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def fmt_count(n: int) -> str:
+    for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= div:
+            return f"{n / div:.2f} {unit}"
+    return str(n)

@@ -1,0 +1,81 @@
+"""`hybrid info`: the model's architecture, sizes and tensor types, and this machine's CPU, RAM, NUMA and GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from hybrid.devices import MachineInfo, probe_machine
+from hybrid.model_info import ModelSummary, summarize
+
+from .common import JsonOpt, ModelArg, fmt_bytes, fmt_count, open_model
+
+_CONFIG_FIELDS = (
+    "n_vocab", "n_ctx_train", "n_embd", "n_layer", "n_head", "n_head_kv", "n_embd_head_k", "n_ff",
+    "n_rot", "rope_type", "rope_freq_base", "rope_freq_base_swa", "f_norm_rms_eps", "n_swa",
+    "n_expert", "n_expert_used", "n_ff_exp", "tied_output",
+)
+
+
+def info(model: ModelArg = None, json_out: JsonOpt = False) -> None:
+    """Show a model's hyperparameters, parameter count, tensors by quant type, bytes per layer, and this machine."""
+    with open_model(model) as f:
+        summary = summarize(f)
+    machine = probe_machine()
+    if json_out:
+        print(json.dumps({"model": summary.to_dict(), "machine": dataclasses.asdict(machine)}, indent=2, default=str))
+        return
+    console = Console()
+    _render_model(console, summary)
+    _render_machine(console, machine)
+
+
+def _render_model(console: Console, s: ModelSummary) -> None:
+    console.print(f"[bold]{s.name or s.path}[/bold]  ({s.architecture}, GGUF v{s.gguf_version})")
+    console.print(f"file {s.path}: {fmt_bytes(s.file_size)}, {fmt_count(s.n_params)} parameters, "
+                  f"{8 * s.file_size / max(s.n_params, 1):.2f} bits per weight")
+    hp = Table(title="hyperparameters", show_header=False)
+    if s.config is None:
+        hp.add_row("config", f"[red]{s.config_error}[/red]")
+    else:
+        for name in _CONFIG_FIELDS:
+            if hasattr(s.config, name):
+                hp.add_row(name, str(getattr(s.config, name)))
+    hp.add_row("tokenizer", f"{s.tokenizer_model or 'none'} ({s.n_vocab_tokens} tokens)")
+    hp.add_row("chat template", "yes" if s.has_chat_template else "no (a built-in one is chosen by architecture)")
+    console.print(hp)
+    types = Table(title="tensors by type")
+    for col in ("type", "tensors", "bytes"):
+        types.add_column(col, justify="right" if col != "type" else "left")
+    for t in s.types:
+        types.add_row(t.type_name, str(t.n_tensors), fmt_bytes(t.n_bytes))
+    console.print(types)
+    layers = Table(title="weight bytes per layer")
+    layers.add_column("layer")
+    layers.add_column("bytes", justify="right")
+    for i, b in enumerate(s.layer_bytes):
+        layers.add_row(f"blk.{i}", fmt_bytes(b))
+    for name, b in s.other_bytes.items():
+        layers.add_row(name, fmt_bytes(b))
+    console.print(layers)
+
+
+def _render_machine(console: Console, m: MachineInfo) -> None:
+    t = Table(title="this machine", show_header=False)
+    t.add_row("CPU", m.cpu_model)
+    t.add_row("cores", f"{m.physical_cores} physical, {m.logical_cores} logical")
+    t.add_row("features", " ".join(m.cpu_features) or "none of AVX/AVX2/AVX-512/VNNI")
+    t.add_row("RAM", f"{fmt_bytes(m.ram_total_bytes)} total, {fmt_bytes(m.ram_available_bytes)} available")
+    t.add_row("NUMA nodes", ", ".join(f"node{n}: cpus {','.join(map(str, c))}" for n, c in m.numa_nodes))
+    lim = "unlimited" if m.memlock_soft < 0 else fmt_bytes(m.memlock_soft)
+    t.add_row("mlock limit", lim)
+    if m.gpus:
+        for g in m.gpus:
+            t.add_row(f"GPU {g.index}", f"{g.name} (sm {g.compute_capability}), "
+                                        f"{fmt_bytes(g.free_bytes)} free of {fmt_bytes(g.total_bytes)}")
+    else:
+        t.add_row("GPU", f"none: {m.gpu_error}")
+    console.print(t)

@@ -1,0 +1,60 @@
+"""Shared test fixtures: where the shared fixtures and the demo model are, skipping cleanly when absent."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+
+
+def _demo_model() -> Path | None:
+    env = os.environ.get("HYBRID_DEMO_MODEL")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    from hybrid.errors import ModelNotFound
+    from hybrid.models import demo_model_path
+
+    try:
+        return demo_model_path()  # assembles it once from the `demo` extra into ~/.cache/hybrid
+    except ModelNotFound:
+        return None
+
+
+def pytest_sessionstart(session):  # noqa: ARG001 - pytest hook signature
+    # Assemble the demo model before any test looks for it (tests find it at ~/.cache/hybrid).
+    _demo_model()
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    if not FIXTURES.is_dir():
+        pytest.skip(f"shared fixtures not found at {FIXTURES} (they live in ../shared/fixtures beside the checkout)")
+    return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def demo_model() -> Path:
+    path = _demo_model()
+    if path is None:
+        pytest.skip("demo model not installed: pip install -e '.[demo]' (or set HYBRID_DEMO_MODEL)")
+    return path
+
+
+def _gpu_usable() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - no CuPy or no driver: GPU tests are skipped
+        return False
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: ARG001 - pytest hook signature
+    if any("gpu" in item.keywords for item in items) and not _gpu_usable():
+        skip = pytest.mark.skip(reason="needs a usable CuPy/CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
