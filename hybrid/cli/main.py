@@ -10,6 +10,8 @@ import typer
 
 from .errors import one_line
 from .info import info
+from .perplexity import perplexity
+from .run import run as run_cmd
 from .tokenize import tokenize
 
 app = typer.Typer(
@@ -25,6 +27,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+app.command(name="run")(run_cmd)
+app.command()(perplexity)
 app.command()(info)
 app.command()(tokenize)
 

@@ -1,0 +1,56 @@
+"""CpuBackend: the backend interface of `hybrid/arch/blocks.py` on Numba kernels over quantized blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gguf_io import quant_spec
+from kernels_cpu import activations, attention, kv_cache, norm, rope
+from kernels_cpu.matmul import matmul
+
+from .weights import Weight
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def matmul(self, w: Weight, x: np.ndarray) -> np.ndarray:
+        """x (n, in) f32 -> (n, out) f32, straight from the raw blocks of w."""
+        return matmul(w.raw, w.type_name, np.ascontiguousarray(x, dtype=np.float32))
+
+    def get_rows(self, w: Weight, ids: np.ndarray) -> np.ndarray:
+        """Embedding lookup: dequantize only the requested rows -> (n, n_embd) f32."""
+        return quant_spec(w.type_name).dequantize(w.raw[np.asarray(ids, dtype=np.int64)])
+
+    def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        return norm.rms_norm(np.ascontiguousarray(x, dtype=np.float32), w, eps)
+
+    def rms_norm_heads(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        return norm.rms_norm_heads(np.ascontiguousarray(x, dtype=np.float32), w, eps)
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, scale: float, mode: str) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        return rope.rope(x, positions, n_rot, base, scale, mode, out=x)
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        return x * np.float32(s)
+
+    def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
+        if act == "silu":
+            return activations.swiglu(gate, up)
+        return activations.geglu(gate, up)
+
+    def new_kv_layer(self, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int, type_k: str, type_v: str):
+        return kv_cache.alloc_kv_layer(n_ctx, n_head_kv, hd_k, hd_v, type_k, type_v)
+
+    def kv_store(self, kv, il: int, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
+        kv_cache.kv_store(kv.layers[il], positions, k, v)
+
+    def attention(self, q: np.ndarray, kv, il: int, positions: np.ndarray, scale: float, n_swa: int) -> np.ndarray:
+        return attention.attention(np.ascontiguousarray(q), kv.layers[il], positions, scale, n_swa)
+
+    def to_host(self, x):
+        return x
+
+    def from_host(self, x: np.ndarray) -> np.ndarray:
+        return x

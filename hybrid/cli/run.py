@@ -1,0 +1,97 @@
+"""`hybrid run`: complete a prompt (streaming), then print llama.cpp-style timings; -cnv for a chat."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from hybrid.engine import EngineParams, Timings
+from hybrid.sampling import SamplingParams
+from hybrid.text_stream import TextStream
+
+from .chat import chat_loop
+from .common import ModelArg
+from .options import (BatchOpt, ChatTemplateOpt, CtkOpt, CtvOpt, CtxOpt, FrequencyOpt, MinPOpt, NglOpt, PresenceOpt,
+                      RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, UBatchOpt)
+from .session import load_engine, note
+
+
+def run(
+    model: ModelArg = None,
+    prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="The prompt to complete.")] = None,
+    file: Annotated[Optional[str], typer.Option("-f", "--file", help="Read the prompt from a file.")] = None,
+    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1 = until EOS or the context is full).")] = -1,
+    ctx: CtxOpt = 4096,
+    batch: BatchOpt = 2048,
+    ubatch: UBatchOpt = 512,
+    threads: ThreadsOpt = 0,
+    ctk: CtkOpt = "f16",
+    ctv: CtvOpt = "f16",
+    ngl: NglOpt = "0",
+    temp: TempOpt = 0.8,
+    top_k: TopKOpt = 40,
+    top_p: TopPOpt = 0.95,
+    min_p: MinPOpt = 0.05,
+    repeat_penalty: RepeatPenaltyOpt = 1.0,
+    repeat_last_n: RepeatLastNOpt = 64,
+    presence_penalty: PresenceOpt = 0.0,
+    frequency_penalty: FrequencyOpt = 0.0,
+    seed: SeedOpt = -1,
+    conversation: Annotated[bool, typer.Option("-cnv", "--conversation", help="Chat with the model (uses its chat template).")] = False,
+    chat_template: ChatTemplateOpt = None,
+    system: Annotated[Optional[str], typer.Option("-sys", "--system-prompt", help="System message for -cnv.")] = None,
+    no_display_prompt: Annotated[bool, typer.Option("--no-display-prompt", help="Do not echo the prompt.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: prompt_ids, generated_ids, text, timings.")] = False,
+) -> None:
+    """Generate text from a prompt, streaming tokens as they come, then print timings (as llama.cpp does).
+
+    Special tokens written in the prompt (e.g. <start_of_turn>) are parsed as special tokens; BOS is added when the
+    model asks for it. Examples: hybrid run -p "The capital of France is" -n 32 --temp 0
+    """
+    params = EngineParams(ctx, batch, ubatch, ctk, ctv, threads)
+    sampling = SamplingParams(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
+                              frequency_penalty, seed)
+    if conversation:
+        engine, load_ms = load_engine(model, params, ngl)
+        chat_loop(engine, sampling, n_predict, chat_template, system, prompt)
+        return
+    if file is not None:
+        with open(file, encoding="utf-8") as fh:
+            prompt = fh.read()
+    if prompt is None:
+        raise typer.BadParameter("give a prompt with -p TEXT or -f FILE (or use -cnv to chat)")
+    engine, load_ms = load_engine(model, params, ngl)
+    tok = engine.tokenizer
+    prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
+    timings = Timings(load_ms=load_ms)
+    stream = TextStream(tok)
+    generated: list[int] = []
+    if not json_out and not no_display_prompt:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+    cache = engine.new_cache()
+    for t in engine.generate(prompt_ids, sampling, n_predict, cache, timings):
+        generated.append(t)
+        if not json_out:
+            sys.stdout.write(stream.push(t))
+            sys.stdout.flush()
+    if json_out:
+        print(json.dumps({"prompt_ids": prompt_ids, "generated_ids": generated, "text": tok.decode(generated),
+                          "timings": timings.as_dict()}, ensure_ascii=False))
+        return
+    sys.stdout.write(stream.flush() + "\n")
+    sys.stdout.flush()
+    print_timings(timings)
+
+
+def print_timings(t: Timings) -> None:
+    """llama.cpp's perf summary, on stderr."""
+    note(f"\nload time = {t.load_ms:10.2f} ms")
+    note(f"prompt eval time = {t.prompt_ms:10.2f} ms / {t.prompt_tokens:5d} tokens "
+         f"({t.prompt_ms / max(t.prompt_tokens, 1):8.2f} ms per token, {t.rate(t.prompt_tokens, t.prompt_ms):8.2f} tokens per second)")
+    note(f"       eval time = {t.eval_ms:10.2f} ms / {t.eval_tokens:5d} runs   "
+         f"({t.eval_ms / max(t.eval_tokens, 1):8.2f} ms per token, {t.rate(t.eval_tokens, t.eval_ms):8.2f} tokens per second)")
+    note(f"     sample time = {t.sample_ms:10.2f} ms")

@@ -1,0 +1,186 @@
+"""Engine: a loaded model (config, weights, tokenizer, a backend per layer) that evaluates tokens and generates.
+
+Prefill runs the prompt in micro-batches of -ub tokens, layer by layer on each layer's device; decode runs one
+token at a time. Per-conversation state (the KV cache) is passed in, never kept here.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gguf_io import GGUFFile, ModelConfig, open_gguf
+
+from .arch import arch_spec
+from .arch.blocks import layer_forward
+from .arch.spec import LAYER_TENSORS_DENSE, LAYER_TENSORS_MOE, ArchSpec
+from .backend_cpu import CpuBackend
+from .errors import ContextTooLarge, HybridError
+from .kv import KV_TYPES, KVCache
+from .sampling import Sampler, SamplingParams
+from .tokenizer import Tokenizer
+from .weights import ModelWeights, check_layers, load_weights
+
+
+@dataclass(frozen=True)
+class EngineParams:
+    n_ctx: int = 4096  # -c; 0 = the model's training context
+    n_batch: int = 2048  # -b: logical batch (how many prompt tokens one eval call takes)
+    n_ubatch: int = 512  # -ub: physical micro-batch through the layers
+    type_k: str = "f16"  # -ctk
+    type_v: str = "f16"  # -ctv
+    n_threads: int = 0  # -t; 0 = physical cores
+
+
+@dataclass
+class Timings:
+    load_ms: float = 0.0
+    prompt_ms: float = 0.0
+    prompt_tokens: int = 0
+    eval_ms: float = 0.0
+    eval_tokens: int = 0  # generated tokens that went through the model (llama.cpp's "eval" count)
+    sample_ms: float = 0.0
+
+    @staticmethod
+    def rate(n: int, ms: float) -> float:
+        return 1000.0 * n / ms if ms > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "load_ms": self.load_ms,
+            "prompt_n": self.prompt_tokens, "prompt_ms": self.prompt_ms,
+            "prompt_per_second": self.rate(self.prompt_tokens, self.prompt_ms),
+            "predicted_n": self.eval_tokens, "predicted_ms": self.eval_ms,
+            "predicted_per_second": self.rate(self.eval_tokens, self.eval_ms),
+            "sample_ms": self.sample_ms,
+        }
+
+
+@dataclass
+class Engine:
+    gguf: GGUFFile
+    config: ModelConfig
+    spec: ArchSpec
+    weights: ModelWeights
+    tokenizer: Tokenizer
+    params: EngineParams
+    backends: list = field(default_factory=list)  # one per repeating layer
+    output_backend: object = None
+
+    @classmethod
+    def load(cls, path: str | Path, params: EngineParams = EngineParams(),
+             progress: Callable[[str], None] | None = None) -> "Engine":
+        """Open the GGUF (memory-mapped), check it holds what its architecture needs, and set up the backends."""
+        for t in (params.type_k, params.type_v):
+            if t not in KV_TYPES:
+                raise HybridError(f"unknown KV cache type '{t}': choose one of {', '.join(KV_TYPES)}")
+        f = open_gguf(path)
+        try:
+            config = ModelConfig.from_gguf(f)
+            spec = arch_spec(config.arch)
+            weights = load_weights(f, config)
+            check_layers(weights, LAYER_TENSORS_MOE if spec.moe else LAYER_TENSORS_DENSE, config.arch)
+            tokenizer = Tokenizer.from_metadata(f.metadata)
+        except BaseException:
+            f.close()
+            raise
+        n_ctx = params.n_ctx or config.n_ctx_train
+        if n_ctx > config.n_ctx_train > 0:
+            if progress:
+                progress(f"warning: -c {n_ctx} is larger than the model's training context {config.n_ctx_train}")
+        params = EngineParams(n_ctx, params.n_batch, min(params.n_ubatch, params.n_batch), params.type_k,
+                              params.type_v, params.n_threads)
+        cpu = CpuBackend()
+        return cls(f, config, spec, weights, tokenizer, params, [cpu] * config.n_layer, cpu)
+
+    def close(self) -> None:
+        self.gguf.close()
+
+    def new_cache(self, n_ctx: int | None = None) -> KVCache:
+        return KVCache.create(self.config, self.backends, n_ctx or self.params.n_ctx,
+                              self.params.type_k, self.params.type_v)
+
+    def eval(self, tokens: list[int] | np.ndarray, cache: KVCache, logits_from: int | None = None) -> np.ndarray:
+        """Append `tokens` at positions cache.n_past.. and return logits (float32).
+
+        logits_from=None: only the last token's logits (n_vocab,); else the logits of tokens[logits_from:]
+        as (n, n_vocab).
+        """
+        tokens = np.asarray(tokens, dtype=np.int64)
+        n = tokens.shape[0]
+        if n == 0:
+            raise HybridError("nothing to evaluate: the token list is empty")
+        if cache.n_past + n > cache.n_ctx:
+            raise ContextTooLarge(
+                f"{cache.n_past + n} tokens do not fit the context of {cache.n_ctx} (-c); raise -c or shorten the input"
+            )
+        if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
+            raise HybridError(f"token id out of range [0, {self.config.n_vocab})")
+        first = n - 1 if logits_from is None else logits_from
+        out = []
+        ub = self.params.n_ubatch
+        for s in range(0, n, ub):
+            e = min(n, s + ub)
+            positions = np.arange(cache.n_past + s, cache.n_past + e, dtype=np.int32)
+            h = self._layers(tokens[s:e], positions, cache)
+            lo = max(first, s)
+            if lo < e:
+                out.append(self._logits(h[lo - s :]))
+        cache.n_past += n
+        logits = np.concatenate(out, axis=0)
+        return logits[-1] if logits_from is None else logits
+
+    def _layers(self, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
+        cfg, spec = self.config, self.spec
+        x = self.backends[0].get_rows(self.weights.token_embd, tokens)  # (n, n_embd)
+        if spec.embd_scale:
+            x = x * np.float32(np.sqrt(cfg.n_embd))
+        for il, be in enumerate(self.backends):
+            x = layer_forward(be, spec, cfg, self.weights.layers[il], il, be.from_host(x), positions, cache)
+            x = be.to_host(x)
+        return x
+
+    def _logits(self, h: np.ndarray) -> np.ndarray:
+        be = self.output_backend
+        h = be.rms_norm(be.from_host(h), self.weights.output_norm.raw, self.config.f_norm_rms_eps)
+        logits = be.to_host(be.matmul(self.weights.output, h))  # (n, n_vocab)
+        cap = self.config.final_logit_softcapping
+        if cap:
+            logits = np.tanh(logits / cap) * cap
+        return logits
+
+    def generate(self, prompt: list[int], sampling: SamplingParams, n_predict: int, cache: KVCache,
+                 timings: Timings | None = None) -> Iterator[int]:
+        """Evaluate the prompt (appended to what the cache holds), then sample up to n_predict tokens
+        (-1: until the context is full), stopping at an end-of-generation token (not yielded)."""
+        timings = timings if timings is not None else Timings()
+        sampler = Sampler(sampling)
+        history = list(prompt)
+        t0 = time.perf_counter()
+        logits = None
+        for s in range(0, len(prompt), self.params.n_batch):
+            logits = self.eval(prompt[s : s + self.params.n_batch], cache)
+        timings.prompt_ms += 1000 * (time.perf_counter() - t0)
+        timings.prompt_tokens += len(prompt)
+        if logits is None:
+            raise HybridError("the prompt is empty")
+        produced = 0
+        while n_predict < 0 or produced < n_predict:
+            t0 = time.perf_counter()
+            tok = sampler.sample(logits, history)
+            timings.sample_ms += 1000 * (time.perf_counter() - t0)
+            if self.tokenizer.is_eog(tok):
+                return
+            yield tok
+            produced += 1
+            history.append(tok)
+            if (n_predict >= 0 and produced >= n_predict) or cache.n_past >= cache.n_ctx:
+                return
+            t0 = time.perf_counter()
+            logits = self.eval([tok], cache)
+            timings.eval_ms += 1000 * (time.perf_counter() - t0)
+            timings.eval_tokens += 1
