@@ -38,7 +38,8 @@ class CpuBackend:
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
         if act == "silu":
             return activations.swiglu(gate, up)
-        return activations.geglu(gate, up)
+        # llama.cpp's CPU GELU goes through an fp16 lookup table; so do we, to track its outputs.
+        return activations.geglu(gate, up, f16_table=True)
 
     def new_kv_layer(self, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int, type_k: str, type_v: str):
         return kv_cache.alloc_kv_layer(n_ctx, n_head_kv, hd_k, hd_v, type_k, type_v)

@@ -80,3 +80,26 @@ def summarize(f: GGUFFile) -> ModelSummary:
         tokenizer_model=str(f.metadata.get("tokenizer.ggml.model", "")),
         n_vocab_tokens=len(tokens),
     )
+
+
+# llama.cpp's llama_model_ftype_name for general.file_type
+FTYPE_NAMES = {
+    0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
+    11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small", 15: "Q4_K - Medium",
+    16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 25: "IQ4_NL", 30: "IQ4_XS", 32: "BF16",
+}
+
+
+def size_label(n_params: int) -> str:
+    for unit, div in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n_params >= div:
+            return f"{n_params / div:.0f}{unit}" if n_params / div >= 10 else f"{n_params / div:.1f}{unit}"
+    return str(n_params)
+
+
+def model_type(f: GGUFFile) -> str:
+    """llama-bench's model_type, e.g. 'gemma3 270M Q4_K - Medium'."""
+    arch = str(f.metadata.get("general.architecture", "?"))
+    label = f.metadata.get("general.size_label") or size_label(f.n_params)
+    ftype = f.metadata.get("general.file_type")
+    return f"{arch} {label} {FTYPE_NAMES.get(ftype, f'ftype {ftype}')}"

@@ -228,11 +228,18 @@ def planned_size(preset: str | ModelShape, arch: str = "llama", qtype_mix: str =
 def make_model(path: str | Path, arch: str, shape: str | ModelShape, qtype_mix: str = "Q4_K_M", seed: int = 0,
                vocab_gguf: str | Path | None = None, name: str | None = None, threads: int | None = None,
                on_tensor: Callable[[int, TensorEntry], None] | None = None, **overrides) -> SynthPlan:
-    """Write a synthetic GGUF to `path` (see `plan_model` for the arguments); returns its plan.
+    """Write a synthetic GGUF to `path` (arguments as `plan_model`, then `write_plan`); returns its plan."""
+    plan = plan_model(arch, shape, qtype_mix, vocab_gguf, name, **overrides)
+    write_plan(path, plan, seed, threads, on_tensor)
+    return plan
+
+
+def write_plan(path: str | Path, plan: SynthPlan, seed: int = 0, threads: int | None = None,
+               on_tensor: Callable[[int, TensorEntry], None] | None = None) -> int:
+    """Write the model of `plan` with weights drawn from `seed`; returns the file size.
 
     Weight bytes are generated in chunks on `threads` threads (default: up to 8 cores) and written in order,
     so memory stays at a few hundred MB whatever the model size. `on_tensor(i, entry)` reports progress."""
-    plan = plan_model(arch, shape, qtype_mix, vocab_gguf, name, **overrides)
     threads = threads or max(1, min(8, os.cpu_count() or 1))
     draws = dict(zip((t.name for t in plan.tensors), plan.draws))
     with ThreadPoolExecutor(threads) as pool:
@@ -247,5 +254,4 @@ def make_model(path: str | Path, arch: str, shape: str | ModelShape, qtype_mix: 
             while pending:
                 yield pending.popleft().result()
 
-        write_gguf(path, plan.layout, plan.tensors, data, on_tensor=on_tensor)
-    return plan
+        return write_gguf(path, plan.layout, plan.tensors, data, on_tensor=on_tensor)

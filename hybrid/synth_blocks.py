@@ -113,14 +113,22 @@ def unit_d_scale(type_name: str) -> float:
     return 1.0 / float(QUANTS[type_name].dequantize(b).std())
 
 
-def _float_chunk(rng: np.random.Generator, type_name: str, n: int, std: float, mean: float) -> np.ndarray:
-    # Normal draws by lookup: 65536 normal values indexed by random uint16s (far faster than n normal draws).
-    table = (rng.standard_normal(65536) * std + mean).astype("<f4")
+def _to_float_type(vals: np.ndarray, type_name: str) -> np.ndarray:
+    """float32 values -> F32 / F16 / BF16 (BF16 as uint16: the high half, rounded to nearest even)."""
     if type_name == "F16":
-        table = table.astype(_F16)
-    elif type_name == "BF16":  # the high half of the float32, rounded to nearest even
-        u = table.view("<u4")
-        table = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype("<u2")
+        return vals.astype(_F16)
+    if type_name == "BF16":
+        u = vals.view("<u4")
+        return ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype("<u2")
+    return vals
+
+
+def _float_chunk(rng: np.random.Generator, type_name: str, n: int, std: float, mean: float) -> np.ndarray:
+    """n draws of N(mean, std) as the bytes of a float type."""
+    if n <= 65536:  # small tensors (norms, biases): direct draws
+        return _to_float_type((rng.standard_normal(n) * std + mean).astype("<f4"), type_name).view(np.uint8)
+    # large ones by lookup: 65536 normal values indexed by random uint16s (far faster than n normal draws)
+    table = _to_float_type((rng.standard_normal(65536) * std + mean).astype("<f4"), type_name)
     return table[_raw_bytes(rng, 2 * n).view("<u2")].view(np.uint8)
 
 

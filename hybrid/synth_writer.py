@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from gguf_io.ggml_types import GGML_TYPE_IDS, GGML_TYPES
-from gguf_io.metadata import (ARRAY, BOOL, F32, F64, I8, I16, I32, I64, STRING, U8, U16, U32, U64)
+from gguf_io.metadata import ARRAY, BOOL, F32, F64, I8, I16, I32, I64, STRING, U8, U16, U32, U64
 
 GGUF_VERSION = 3
 DEFAULT_ALIGNMENT = 32
@@ -23,8 +23,6 @@ _SCALAR_FMT = {U8: "<B", I8: "<b", U16: "<H", I16: "<h", U32: "<I", I32: "<i", F
                U64: "<Q", I64: "<q", F64: "<d"}
 _ARRAY_DTYPE = {U8: "u1", I8: "i1", U16: "<u2", I16: "<i2", U32: "<u4", I32: "<i4", F32: "<f4", BOOL: "u1",
                 U64: "<u8", I64: "<i8", F64: "<f8"}
-_NP_VTYPE = {"uint8": U8, "int8": I8, "uint16": U16, "int16": I16, "uint32": U32, "int32": I32, "float32": F32,
-             "bool": BOOL, "uint64": U64, "int64": I64, "float64": F64}
 
 
 @dataclass(frozen=True)
@@ -50,26 +48,8 @@ class TensorEntry:
     def nbytes(self) -> int:
         t = GGML_TYPES[self.type_id]
         if self.ne[0] % t.block_size:
-            raise ValueError(f"{self.name}: row width {self.ne[0]} is not a multiple of {t.name}'s block {t.block_size}")
+            raise ValueError(f"{self.name}: row width {self.ne[0]} is not whole {t.name} blocks of {t.block_size}")
         return self.n_elements // t.block_size * t.type_size
-
-
-def infer_vtype(value) -> int | tuple[int, int]:
-    """The GGUF value type for a Python value: str, bool, int (U32, or I32 when negative), float (F32),
-    list[str] (string array), 1-D ndarray (array of its dtype). Arrays give `(ARRAY, element type)`."""
-    if isinstance(value, (bool, np.bool_)):
-        return BOOL
-    if isinstance(value, (int, np.integer)):
-        return U32 if 0 <= value < 2**32 else (I32 if -(2**31) <= value < 0 else (U64 if value > 0 else I64))
-    if isinstance(value, (float, np.floating)):
-        return F32
-    if isinstance(value, str):
-        return STRING
-    if isinstance(value, np.ndarray):
-        return (ARRAY, _NP_VTYPE[value.dtype.name])
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return (ARRAY, STRING)
-    raise TypeError(f"cannot infer a GGUF value type for {type(value).__name__}; give it explicitly")
 
 
 def _string(s: str) -> bytes:
@@ -128,20 +108,25 @@ def write_gguf(path: str | Path, lay: GGUFLayout, tensors: Sequence[TensorEntry]
     """Write the file: the header of `lay`, then each tensor's bytes from `data(entry)` (chunks, in order),
     padded to the alignment. `on_tensor(i, entry)` is called after each tensor. Returns the file size."""
     path = Path(path)
-    with open(path, "wb") as fh:
-        fh.write(lay.header)
-        for i, t in enumerate(tensors):
-            written = 0
-            for chunk in data(t):
-                mv = memoryview(chunk).cast("B") if isinstance(chunk, np.ndarray) else memoryview(chunk)
-                fh.write(mv)
-                written += len(mv)
-            if written != t.nbytes:
-                raise ValueError(f"{t.name}: the data gave {written} bytes, expected {t.nbytes}")
-            fh.write(bytes(_align(written, alignment) - written))
-            if on_tensor is not None:
-                on_tensor(i, t)
-        size = fh.tell()
-    if size != lay.file_size:
-        raise AssertionError(f"wrote {size} bytes, the layout planned {lay.file_size}")
+    tmp = path.with_name(path.name + ".partial")  # renamed when complete: no half-written model under `path`
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(lay.header)
+            for i, t in enumerate(tensors):
+                written = 0
+                for chunk in data(t):
+                    mv = memoryview(chunk).cast("B") if isinstance(chunk, np.ndarray) else memoryview(chunk)
+                    fh.write(mv)
+                    written += len(mv)
+                if written != t.nbytes:
+                    raise ValueError(f"{t.name}: the data gave {written} bytes, expected {t.nbytes}")
+                fh.write(bytes(_align(written, alignment) - written))
+                if on_tensor is not None:
+                    on_tensor(i, t)
+            size = fh.tell()
+        if size != lay.file_size:
+            raise AssertionError(f"wrote {size} bytes, the layout planned {lay.file_size}")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return size

@@ -9,6 +9,7 @@ import click
 import typer
 
 from .errors import one_line
+from .bench import bench
 from .info import info
 from .perplexity import perplexity
 from .run import run as run_cmd
@@ -29,6 +30,7 @@ app = typer.Typer(
 )
 app.command(name="run")(run_cmd)
 app.command()(perplexity)
+app.command()(bench)
 app.command()(info)
 app.command()(tokenize)
 

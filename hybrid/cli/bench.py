@@ -1,0 +1,115 @@
+"""`hybrid bench`: llama-bench's tests, sweeps and output formats (md, json, csv)."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import itertools
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from hybrid.bench import BenchResult, run_bench, tests_from
+from hybrid.devices import probe_machine
+from hybrid.engine import EngineParams
+from hybrid.model_info import model_type
+
+from .common import fmt_bytes, fmt_count
+from .session import load_engine, note
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip() != ""]
+    except ValueError:
+        raise typer.BadParameter(f"{flag} takes comma-separated integers, got '{text}'") from None
+
+
+def _strs(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
+
+
+def bench(
+    model: Annotated[Optional[str], typer.Option("-m", "--model", help="GGUF model (default: the demo model).")] = None,
+    n_prompt: Annotated[str, typer.Option("-p", "--n-prompt", help="Prompt lengths to test (pp), comma-separated.")] = "512",
+    n_gen: Annotated[str, typer.Option("-n", "--n-gen", help="Generation lengths to test (tg), comma-separated.")] = "128",
+    pg: Annotated[list[str], typer.Option("-pg", help="Prompt+generation test 'PP,TG' (repeatable).")] = [],
+    threads: Annotated[str, typer.Option("-t", "--threads", help="Thread counts, comma-separated (0 = physical cores).")] = "0",
+    ngl: Annotated[str, typer.Option("-ngl", "--n-gpu-layers", help="GPU layer counts, comma-separated.")] = "0",
+    ctk: Annotated[str, typer.Option("-ctk", "--cache-type-k", help="K cache types, comma-separated.")] = "f16",
+    ctv: Annotated[str, typer.Option("-ctv", "--cache-type-v", help="V cache types, comma-separated.")] = "f16",
+    fa: Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention 0/1 (the CPU kernel is always flash-style).")] = "1",
+    batch: Annotated[str, typer.Option("-b", "--batch-size", help="Batch sizes, comma-separated.")] = "2048",
+    ubatch: Annotated[str, typer.Option("-ub", "--ubatch-size", help="Micro-batch sizes, comma-separated.")] = "512",
+    reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed repetitions per test.")] = 5,
+    output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, json, csv.")] = "md",
+) -> None:
+    """Benchmark prompt processing (pp) and generation (tg) speed, like llama-bench; lists sweep every combination."""
+    if output not in ("md", "json", "csv"):
+        raise typer.BadParameter(f"-o must be md, json or csv, got '{output}'")
+    pairs = []
+    for item in pg:
+        vals = _ints(item, "-pg")
+        if len(vals) != 2:
+            raise typer.BadParameter(f"-pg takes 'PP,TG', got '{item}'")
+        pairs.append((vals[0], vals[1]))
+    tests = tests_from(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), pairs)
+    if not tests:
+        raise typer.BadParameter("nothing to run: give -p, -n or -pg with values > 0")
+    machine = probe_machine()
+    rows: list[dict] = []
+    combos = itertools.product(_ints(ngl, "-ngl"), _strs(ctk), _strs(ctv), _ints(fa, "-fa"), _ints(batch, "-b"),
+                               _ints(ubatch, "-ub"), _ints(threads, "-t"))
+    for n_gl, tk, tv, fa_on, b, ub, t in combos:
+        engine, _ = load_engine(model, EngineParams(4096, b, ub, tk, tv, t), str(n_gl))
+        import numba  # noqa: PLC0415 - the thread count in effect
+
+        n_threads = numba.get_num_threads()
+        for res in run_bench(engine, tests, reps):
+            rows.append(_row(engine, res, machine, n_threads, n_gl, tk, tv, fa_on, b, ub))
+            if output == "md":
+                note(f"{rows[-1]['test']}: {res.avg_ts:.2f} ± {res.stddev_ts:.2f} t/s (t={n_threads})")
+        engine.close()
+    _render(rows, output)
+
+
+def _row(engine, res: BenchResult, machine, n_threads, n_gl, tk, tv, fa_on, b, ub) -> dict:
+    f = engine.gguf
+    gpu = ", ".join(g.name for g in machine.gpus)
+    return {
+        "build_commit": "hybrid", "build_number": 0, "cpu_info": machine.cpu_model, "gpu_info": gpu,
+        "backends": "CUDA,CPU" if n_gl > 0 and gpu else "CPU", "model_filename": str(f.path),
+        "model_type": model_type(f), "model_size": f.file_size, "model_n_params": f.n_params,
+        "n_batch": b, "n_ubatch": ub, "n_threads": n_threads, "type_k": tk, "type_v": tv,
+        "n_gpu_layers": n_gl, "flash_attn": bool(fa_on), "use_mmap": True, "n_prompt": res.test.n_prompt,
+        "n_gen": res.test.n_gen, "n_depth": 0, "test": res.test.name,
+        "test_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "avg_ns": res.avg_ns, "stddev_ns": res.stddev_ns, "avg_ts": res.avg_ts, "stddev_ts": res.stddev_ts,
+        "samples_ns": res.samples_ns, "samples_ts": res.samples_ts,
+    }
+
+
+def _render(rows: list[dict], output: str) -> None:
+    if output == "json":
+        print(json.dumps(rows, indent=2))
+        return
+    if output == "csv":
+        buf = io.StringIO()
+        keys = [k for k in rows[0] if k not in ("samples_ns", "samples_ts")]
+        w = csv.DictWriter(buf, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+        sys.stdout.write(buf.getvalue())
+        return
+    header = ["model", "size", "params", "backend", "threads", "type_k", "type_v", "ngl", "test", "t/s"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join([
+            r["model_type"], fmt_bytes(r["model_size"]), fmt_count(r["model_n_params"]), r["backends"],
+            str(r["n_threads"]), r["type_k"], r["type_v"], str(r["n_gpu_layers"]), r["test"],
+            f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
+        ]) + " |")
+    print("\n".join(lines))
