@@ -1,0 +1,162 @@
+"""Elementwise activations (silu, gelu-tanh, softcap), the fused GLUs (swiglu, geglu) and row softmax.
+
+Formulas are ggml's (ggml_silu_f32, ggml_gelu_f32). ggml's CPU gelu/geglu go through an fp16 table
+(GGML_GELU_FP16); `f16_table=True` reproduces that, the default computes the float32 formula.
+Inputs of any shape (C-contiguous float32); `out` may be the input for in-place use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .kv_cache import F16_TO_F32, fp32_to_fp16_bits
+
+GELU_COEF_A = np.float32(0.044715)
+SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
+
+
+@njit(cache=True, fastmath=True)
+def _gelu(x):
+    # ggml_gelu_f32's 0.5 x (1 + tanh(u)), written as x / (1 + exp(-2u)) (equal; exp is ~10x cheaper than tanhf)
+    u = np.float32(0.79788456080286535587989211986876) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
+    return x / (np.float32(1.0) + np.exp(np.float32(-2.0) * u))
+
+
+@njit(cache=True, fastmath=True)
+def _silu(x):
+    return x / (np.float32(1.0) + np.exp(-x))
+
+
+def _gelu_f16_table() -> np.ndarray:
+    # ggml_table_gelu_f16[h] = fp16(gelu(fp32(h))), kept as float32 values
+    x, one, half = F16_TO_F32, np.float32(1.0), np.float32(0.5)
+    with np.errstate(over="ignore", invalid="ignore"):
+        g = half * x * (one + np.tanh(SQRT_2_OVER_PI * x * (one + GELU_COEF_A * x * x)))
+        return g.astype(np.float16).astype(np.float32)
+
+
+GELU_F16_TABLE = _gelu_f16_table()
+
+
+@njit(cache=True)
+def _gelu_table(x, table):
+    # ggml_vec_gelu_f32 with GGML_GELU_FP16 (no fastmath: the fp16 rounding must be exact)
+    if x <= np.float32(-10.0):
+        return np.float32(0.0)
+    if x >= np.float32(10.0):
+        return x
+    return table[fp32_to_fp16_bits(x)]
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def _unary(x, op, cap, table, out):
+    # x, out f32 (n,); op 0 silu, 1 gelu, 2 gelu via fp16 table, 3 softcap
+    for i in prange(x.shape[0]):
+        v = x[i]
+        if op == 0:
+            out[i] = _silu(v)
+        elif op == 1:
+            out[i] = _gelu(v)
+        elif op == 2:
+            out[i] = _gelu_table(v, table)
+        else:
+            out[i] = cap * np.tanh(v / cap)
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def _glu(gate, up, op, table, out):
+    # gate, up, out f32 (n,): out = act(gate) * up; op 0 silu, 1 gelu, 2 gelu via fp16 table
+    for i in prange(gate.shape[0]):
+        g = gate[i]
+        if op == 0:
+            a = _silu(g)
+        elif op == 1:
+            a = _gelu(g)
+        else:
+            a = _gelu_table(g, table)
+        out[i] = a * up[i]
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def _softmax_rows(x, out):
+    # x (n_rows, n) f32 -> out, each row exp(x - max) / sum (sum in float64, as ggml)
+    n_rows, n = x.shape
+    for r in prange(n_rows):
+        m = x[r, 0]
+        for j in range(1, n):
+            m = max(m, x[r, j])
+        s = 0.0
+        for j in range(n):
+            e = np.exp(x[r, j] - m)
+            out[r, j] = e
+            s += e
+        inv = np.float32(1.0 / s)
+        for j in range(n):
+            out[r, j] *= inv
+
+
+def _flat(x: np.ndarray, name: str) -> np.ndarray:
+    if x.dtype != np.float32:
+        raise ValueError(f"{name}: expected float32, found {x.dtype}")
+    return np.ascontiguousarray(x).reshape(-1)
+
+
+def _out_like(x: np.ndarray, out: np.ndarray | None, name: str) -> np.ndarray:
+    if out is None:
+        return np.empty(x.shape, dtype=np.float32)
+    if out.shape != x.shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise ValueError(f"{name}: out must be C-contiguous float32 {x.shape}, found {out.dtype} {out.shape}")
+    return out
+
+
+def _apply(x: np.ndarray, op: int, cap: float, out: np.ndarray | None, name: str) -> np.ndarray:
+    out = _out_like(x, out, name)
+    _unary(_flat(x, name), op, np.float32(cap), GELU_F16_TABLE, out.reshape(-1))
+    return out
+
+
+def silu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """x / (1 + exp(-x)), f32, any shape."""
+    return _apply(x, 0, 1.0, out, "silu")
+
+
+def gelu(x: np.ndarray, out: np.ndarray | None = None, f16_table: bool = False) -> np.ndarray:
+    """0.5 x (1 + tanh(sqrt(2/pi) x (1 + 0.044715 x^2))), f32, any shape (ggml_gelu)."""
+    return _apply(x, 2 if f16_table else 1, 1.0, out, "gelu")
+
+
+def softcap(x: np.ndarray, cap: float, out: np.ndarray | None = None) -> np.ndarray:
+    """cap * tanh(x / cap), f32, any shape (gemma's logit soft-capping)."""
+    if not cap > 0:
+        raise ValueError(f"softcap: cap must be > 0, found {cap}")
+    return _apply(x, 3, cap, out, "softcap")
+
+
+def _glu_apply(gate: np.ndarray, up: np.ndarray, op: int, out: np.ndarray | None, name: str) -> np.ndarray:
+    if gate.shape != up.shape:
+        raise ValueError(f"{name}: gate and up must have one shape, found {gate.shape} and {up.shape}")
+    out = _out_like(gate, out, name)
+    _glu(_flat(gate, name), _flat(up, name), op, GELU_F16_TABLE, out.reshape(-1))
+    return out
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """silu(gate) * up, f32 (n_tok, n_ff) or any shape."""
+    return _glu_apply(gate, up, 0, out, "swiglu")
+
+
+def geglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None, f16_table: bool = False) -> np.ndarray:
+    """gelu(gate) * up, f32 (n_tok, n_ff) or any shape."""
+    return _glu_apply(gate, up, 2 if f16_table else 1, out, "geglu")
+
+
+def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Softmax over the last axis: x (..., n) f32 -> f32, same shape."""
+    if x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] == 0:
+        raise ValueError(f"softmax: expected float32 (..., n>0), found {x.dtype} {x.shape}")
+    out = _out_like(x, out, "softmax")
+    n = x.shape[-1]
+    _softmax_rows(np.ascontiguousarray(x).reshape(-1, n), out.reshape(-1, n))
+    return out
+

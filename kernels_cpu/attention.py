@@ -1,0 +1,123 @@
+"""Causal attention of a batch of queries over one layer's KV cache, read block by block from its raw storage.
+
+Flash style: one pass over the keys in tiles of TILE, each K/V tile dequantized into an L1-sized float32 buffer,
+with a running max and sum per query (online softmax; no score matrix), float32 accumulation. Masks: causal
+(key position <= query position) and llama.cpp's standard sliding window (is_masked_swa: visible iff
+p_query - p_key < n_swa).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, prange
+
+from .kv_cache import F16_TO_F32, KVCacheLayer, dequantize_rows_into, kv_type_code, kv_views
+
+TILE = 32  # keys per tile: K/V tiles of TILE x head_dim f32 stay in L1
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def _attention_kernel(q, kf, k16, k8, ki8, vf, v16, v8, vi8, code_k, code_v, positions, n_kv, scale, n_swa,
+                      softcap, hpi, lut, out):
+    # q (n_tok, n_head, dk) f32; K and V as kv_views of u8 (n_ctx, n_head_kv, row_bytes); positions (n_tok,) int32
+    # -> out (n_tok, n_head, dv) f32. A work item is (token, kv head, hpi query heads of its GQA group).
+    n_tok, n_head, dk = q.shape
+    n_head_kv = k8.shape[1]
+    group = n_head // n_head_kv  # GQA: query head h reads kv head h // group
+    n_sub = group // hpi
+    dv = out.shape[2]
+    for idx in prange(n_tok * n_head_kv * n_sub):
+        r = idx // (n_head_kv * n_sub)
+        t = r // 2 if r % 2 == 0 else n_tok - 1 - r // 2  # 0, n-1, 1, n-2, ...: causal work evens out per chunk
+        hk = (idx // n_sub) % n_head_kv
+        h0 = hk * group + (idx % n_sub) * hpi
+        p = positions[t]
+        lo = max(0, p - n_swa + 1) if n_swa > 0 else 0
+        hi = min(p, n_kv - 1)
+        kt = np.empty((TILE, dk), dtype=np.float32)  # (TILE, dk) dequantized K tile
+        vt = np.empty((TILE, dv), dtype=np.float32)  # (TILE, dv) dequantized V tile
+        st = np.empty(TILE, dtype=np.float32)  # scores of one head over the tile
+        acc = np.zeros((hpi, dv), dtype=np.float32)
+        m = np.zeros(hpi, dtype=np.float32)  # running max (valid after the first tile)
+        s_sum = np.zeros(hpi, dtype=np.float32)  # running sum of exp(s - m)
+        for c0 in range(lo, hi + 1, TILE):
+            nt = min(TILE, hi + 1 - c0)
+            dequantize_rows_into(kf, k16, k8, ki8, code_k, c0, nt, hk, lut, kt)
+            dequantize_rows_into(vf, v16, v8, vi8, code_v, c0, nt, hk, lut, vt)
+            for a in range(hpi):
+                tmax = np.float32(-3.0e38)
+                for i in range(nt):
+                    s = np.float32(0.0)
+                    for j in range(dk):
+                        s += q[t, h0 + a, j] * kt[i, j]
+                    s *= scale
+                    if softcap > 0:
+                        s = softcap * np.tanh(s / softcap)
+                    st[i] = s
+                    tmax = max(tmax, s)
+                m_new = tmax if c0 == lo else max(m[a], tmax)
+                alpha = np.exp(m[a] - m_new) if c0 != lo else np.float32(0.0)  # rescales what came before
+                for j in range(dv):
+                    acc[a, j] *= alpha
+                ssum = s_sum[a] * alpha
+                for i in range(nt):
+                    w = np.exp(st[i] - m_new)
+                    ssum += w
+                    for j in range(dv):
+                        acc[a, j] += w * vt[i, j]
+                s_sum[a] = ssum
+                m[a] = m_new
+        for a in range(hpi):
+            inv = np.float32(1.0) / s_sum[a] if s_sum[a] > 0 else np.float32(0.0)
+            for j in range(dv):
+                out[t, h0 + a, j] = acc[a, j] * inv
+
+
+def _heads_per_item(n_tok: int, n_head_kv: int, n_head: int) -> int:
+    """Query heads per work item: a whole GQA group (K/V tiles dequantized once for all of them) when there are
+    enough (token, kv head) items to feed every thread, else fewer, down to one head per item."""
+    group = n_head // n_head_kv
+    hpi = group
+    while hpi > 1 and n_tok * n_head_kv * (group // hpi) < numba.get_num_threads():
+        hpi -= 1
+        while group % hpi:
+            hpi -= 1
+    return hpi
+
+
+def attention(q: np.ndarray, layer: KVCacheLayer, positions: np.ndarray, scale: float, n_swa: int = 0,
+              softcap: float = 0.0, n_kv: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """q (n_tok, n_head, head_dim_k) f32 at positions (n_tok,) -> (n_tok, n_head, head_dim_v) f32.
+
+    softmax(softcap(scale * q.k)) . v over cache cells [0, n_kv) with the causal and, when n_swa > 0, the
+    sliding-window masks; softcap 0 = none; n_kv defaults to max(positions) + 1. The batch's own K/V must
+    already be stored (kv_store). GQA: query head h reads kv head h // (n_head // n_head_kv).
+    """
+    if q.dtype != np.float32 or q.ndim != 3:
+        raise ValueError(f"attention: q must be 3-D float32 (n_tok, n_head, head_dim), found {q.dtype} {q.shape}")
+    q = np.ascontiguousarray(q)
+    n_tok, n_head, head_dim = q.shape
+    if head_dim != layer.head_dim_k:
+        raise ValueError(f"attention: q head_dim must equal the cache's {layer.head_dim_k}, found {head_dim}")
+    if n_head % layer.n_head_kv:
+        raise ValueError(f"attention: n_head ({n_head}) must be a multiple of n_head_kv ({layer.n_head_kv})")
+    positions = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
+    if positions.shape[0] != n_tok:
+        raise ValueError(f"attention: need {n_tok} positions, found {positions.shape[0]}")
+    if n_kv is None:
+        n_kv = int(positions.max()) + 1 if n_tok else 0
+    if not 0 <= n_kv <= layer.n_ctx:
+        raise ValueError(f"attention: n_kv must lie in [0, {layer.n_ctx}], found {n_kv}")
+    if n_tok and positions.min() < 0:
+        raise ValueError(f"attention: positions must be >= 0, found {positions.min()}")
+    if out is None:
+        out = np.empty((n_tok, n_head, layer.head_dim_v), dtype=np.float32)
+    elif out.shape != (n_tok, n_head, layer.head_dim_v) or out.dtype != np.float32:
+        raise ValueError(f"attention: out must be float32 {(n_tok, n_head, layer.head_dim_v)}, found "
+                         f"{out.dtype} {out.shape}")
+    _attention_kernel(q, *kv_views(layer.k, layer.type_k), *kv_views(layer.v, layer.type_v),
+                      kv_type_code(layer.type_k), kv_type_code(layer.type_v), positions, n_kv, np.float32(scale),
+                      int(n_swa), np.float32(softcap), _heads_per_item(n_tok, layer.n_head_kv, n_head), F16_TO_F32,
+                      out)
+    return out

@@ -1,0 +1,130 @@
+"""`matmul(w_raw, type_name, x)`: the CPU matrix product on weights kept in their raw GGML blocks.
+
+One explicit `KERNELS` entry per GGML type; anything else raises `UnsupportedQuantType` (no silent fallback).
+Like ggml, the activations are first converted to the weight type's vec_dot_type (`CpuKernel.vec_dot_type`).
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from gguf_io.errors import UnsupportedQuantType
+from kernels_cpu import act_quant, quant_dot_float, quant_dot_k, quant_dot_legacy
+
+
+@dataclass(frozen=True)
+class CpuKernel:
+    """How the CPU multiplies by one GGML type: block geometry, activation type and the runner."""
+
+    name: str
+    block_size: int  # elements per block
+    type_size: int  # bytes per block
+    vec_dot_type: str  # what the activations are converted to: "F32", "F16", "BF16", "Q8_0", "Q8_K"
+    run: Callable[[np.ndarray, np.ndarray, np.ndarray], None]  # (w_raw, x 2-D, y 2-D) -> None, fills y
+
+
+def _run_f32(w, x, y):
+    quant_dot_float.matmul_f32(w.view(np.float32), x, y)
+
+
+def _run_f16(w, x, y):
+    quant_dot_float.matmul_f16(w.view(np.uint16), act_quant.round_to_f16(x), y)
+
+
+def _run_bf16(w, x, y):
+    # ggml's vec_dot_type for BF16 is BF16: the activations are rounded to bf16 too.
+    quant_dot_float.matmul_bf16(w.view(np.uint16), act_quant.round_to_bf16(x), y)
+
+
+def _legacy_runner(kind):
+    def run(w, x, y):
+        qs, d = act_quant.quantize_q8_0(x)
+        quant_dot_legacy.matmul_legacy(w, kind, act_quant.dequantize_q8_0(qs, d), y, 16)
+
+    return run
+
+
+def _k_runner(kind):
+    def run(w, x, y):
+        qs, d, bsums = act_quant.quantize_q8_k(x)
+        quant_dot_k.matmul_k(w, kind, qs, d, bsums, y, 16)
+
+    return run
+
+
+_L, _K = quant_dot_legacy, quant_dot_k
+KERNELS: dict[str, CpuKernel] = {
+    "F32": CpuKernel("F32", 1, 4, "F32", _run_f32),
+    "F16": CpuKernel("F16", 1, 2, "F16", _run_f16),
+    "BF16": CpuKernel("BF16", 1, 2, "BF16", _run_bf16),
+    # Q4_1/Q5_1 use Q8_1 in ggml; Q8_0 values carry the same information (the block sum term is exact here).
+    "Q4_0": CpuKernel("Q4_0", 32, 18, "Q8_0", _legacy_runner(_L.Q4_0)),
+    "Q4_1": CpuKernel("Q4_1", 32, 20, "Q8_0", _legacy_runner(_L.Q4_1)),
+    "Q5_0": CpuKernel("Q5_0", 32, 22, "Q8_0", _legacy_runner(_L.Q5_0)),
+    "Q5_1": CpuKernel("Q5_1", 32, 24, "Q8_0", _legacy_runner(_L.Q5_1)),
+    "Q8_0": CpuKernel("Q8_0", 32, 34, "Q8_0", _legacy_runner(_L.Q8_0)),
+    "IQ4_NL": CpuKernel("IQ4_NL", 32, 18, "Q8_0", _legacy_runner(_L.IQ4_NL)),
+    "Q2_K": CpuKernel("Q2_K", 256, 84, "Q8_K", _k_runner(_K.Q2_K)),
+    "Q3_K": CpuKernel("Q3_K", 256, 110, "Q8_K", _k_runner(_K.Q3_K)),
+    "Q4_K": CpuKernel("Q4_K", 256, 144, "Q8_K", _k_runner(_K.Q4_K)),
+    "Q5_K": CpuKernel("Q5_K", 256, 176, "Q8_K", _k_runner(_K.Q5_K)),
+    "Q6_K": CpuKernel("Q6_K", 256, 210, "Q8_K", _k_runner(_K.Q6_K)),
+    "IQ4_XS": CpuKernel("IQ4_XS", 256, 136, "Q8_K", _k_runner(_K.IQ4_XS)),
+}
+
+
+def _kernel(type_name) -> CpuKernel:
+    try:
+        return KERNELS[type_name]
+    except (KeyError, TypeError):
+        raise UnsupportedQuantType(
+            f"no CPU matmul kernel for GGML type {type_name!r}; supported: {', '.join(KERNELS)}"
+        ) from None
+
+
+def _check_array(name, a, dtype, ndims):
+    if not isinstance(a, np.ndarray):
+        raise ValueError(f"{name} must be a numpy array, got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise ValueError(f"{name} must have dtype {np.dtype(dtype).name}, got {a.dtype}")
+    if a.ndim not in ndims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dimensions, got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (shape {a.shape}, strides {a.strides})")
+
+
+def matmul(w_raw, type_name, x, out=None):
+    """y = x @ W.T with W kept in its raw GGML blocks.
+
+    w_raw: uint8 (n_out, row_bytes), C-contiguous, rows of `type_name` blocks (a memmap view is fine);
+    x: float32 (n_tok, n_in) or (n_in,); out: optional float32 (n_tok, n_out) or (n_out,) to fill.
+    Returns y float32 (n_tok, n_out), or (n_out,) for a 1-D x.
+    Raises UnsupportedQuantType for a type without a kernel, ValueError for bad dtypes, layouts or shapes.
+    """
+    kernel = _kernel(type_name)
+    _check_array("w_raw", w_raw, np.uint8, (2,))
+    _check_array("x", x, np.float32, (1, 2))
+    # A plain read-only ndarray view, no copy: model weights are read-only memmaps, and one array type
+    # means each kernel is compiled once (Numba types read-only and writable arrays apart).
+    w_raw = np.asarray(w_raw).view(np.ndarray)
+    w_raw.flags.writeable = False
+    n_out, row_bytes = w_raw.shape
+    if row_bytes == 0 or row_bytes % kernel.type_size:
+        raise ValueError(
+            f"w_raw rows of {row_bytes} bytes are not whole {type_name} blocks of {kernel.type_size} bytes"
+        )
+    n_in = row_bytes // kernel.type_size * kernel.block_size
+    if x.shape[-1] != n_in:
+        raise ValueError(f"x has {x.shape[-1]} features but the {type_name} weight rows hold {n_in}")
+    x2 = np.asarray(x).reshape(-1, n_in)  # (n_tok, n_in)
+    y_shape = (n_out,) if x.ndim == 1 else (x2.shape[0], n_out)
+    if out is None:
+        out = np.empty(y_shape, dtype=np.float32)
+    else:
+        _check_array("out", out, np.float32, (x.ndim,))
+        if out.shape != y_shape:
+            raise ValueError(f"out has shape {out.shape}, expected {y_shape}")
+    if n_out and x2.shape[0]:
+        kernel.run(w_raw, x2, np.asarray(out).reshape(-1, n_out))
+    return out

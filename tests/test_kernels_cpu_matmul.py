@@ -1,0 +1,242 @@
+"""CPU matmul on raw GGML blocks (kernels_cpu.matmul) vs float64 references, for every supported type;
+the activation quantizers vs ggml's reference quantizers, bit for bit."""
+
+import gguf
+import gguf.quants
+import numpy as np
+import pytest
+
+from gguf_io.errors import UnsupportedQuantType
+from gguf_io.quantize_ref import quantize_q8_k_parts
+from kernels_cpu import act_quant
+from kernels_cpu.matmul import KERNELS, matmul
+
+NAMES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+
+# nmse of the kernel vs float64 dequantize(w) @ x (x unconverted): dominated by converting the activations
+# to the vec_dot_type (fp16/bf16 rounding, 8-bit quantization: llama.cpp's test-backend-ops allows 5e-4).
+NMSE_TOL = {"F32": 1e-10, "F16": 1e-6, "BF16": 5e-5, **{n: 5e-4 for n in NAMES[3:]}}
+# nmse vs float64 dequantize(w) @ (the converted activations): only float32 rounding is left.
+NMSE_TOL_SAME_ACT = 1e-10
+
+# byte offsets of the fp16 scale fields per block (random bytes there would give NaN/inf scales)
+FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "IQ4_NL": [0],
+               "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0]}
+
+# (n_out, n_blocks, n_tok): one block, one row, rows not divisible by 2 or 3 (nor by the 16-row tasks)
+SHAPES = [(1, 1, 1), (5, 1, 5), (37, 3, 1), (19, 2, 5)]
+
+
+def random_weight(name, n_out, n_in, rng):
+    """Random raw rows (n_out, row_bytes) uint8 with sane fp16 scales; block 0 of row 0 is all zero
+    (unless it is the only block)."""
+    k = KERNELS[name]
+    if name in ("F32", "F16", "BF16"):
+        vals = rng.standard_normal((n_out, n_in)).astype(np.float32)
+        if name == "F32":
+            return vals.view(np.uint8)
+        if name == "F16":
+            return vals.astype(np.float16).view(np.uint8)
+        return (vals.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    nb = n_in // k.block_size
+    w = rng.integers(0, 256, size=(n_out, nb, k.type_size), dtype=np.uint8)
+    for off in FP16_FIELDS[name]:
+        scale = rng.uniform(0.002, 0.05, (n_out, nb, 1)) * rng.choice([-1.0, 1.0], (n_out, nb, 1))
+        w[:, :, off:off + 2] = scale.astype("<f2").view(np.uint8)
+    if n_out * nb > 1:
+        w[0, 0] = 0
+    return w.reshape(n_out, nb * k.type_size)
+
+
+def n_in_for(name, n_blocks):
+    block = KERNELS[name].block_size
+    return n_blocks * 32 + 1 if block == 1 else n_blocks * block  # float types: an odd width
+
+
+def dequantize64(w, name):
+    return np.asarray(gguf.quants.dequantize(w, gguf.GGMLQuantizationType[name]), dtype=np.float64)
+
+
+def converted_activations(x, name):
+    """The activations the kernel multiplies by, after conversion to the vec_dot_type, as float64."""
+    vdt = KERNELS[name].vec_dot_type
+    if vdt == "F32":
+        return x.astype(np.float64)
+    if vdt == "F16":
+        return act_quant.round_to_f16(x).astype(np.float64)
+    if vdt == "BF16":
+        return act_quant.round_to_bf16(x).astype(np.float64)
+    if vdt == "Q8_0":
+        qs, d = act_quant.quantize_q8_0(x)
+        return (qs.reshape(len(x), -1, 32) * d[:, :, None].astype(np.float64)).reshape(x.shape)
+    qs, d, _ = act_quant.quantize_q8_k(x)
+    return (qs.reshape(len(x), -1, 256) * d[:, :, None].astype(np.float64)).reshape(x.shape)
+
+
+def nmse(a, ref):
+    return float(((a - ref) ** 2).sum() / (ref**2).sum())
+
+
+# ---- the products -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", NAMES)
+def test_matmul_matches_float64_reference(name, shape):
+    n_out, n_blocks, n_tok = shape
+    rng = np.random.default_rng(100 * NAMES.index(name) + SHAPES.index(shape))
+    n_in = n_in_for(name, n_blocks)
+    w = random_weight(name, n_out, n_in, rng)
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    y = matmul(w, name, x)
+    assert y.dtype == np.float32 and y.shape == (n_tok, n_out)
+    assert np.isfinite(y).all()
+    w64 = dequantize64(w, name)
+    assert nmse(y, converted_activations(x, name) @ w64.T) < NMSE_TOL_SAME_ACT
+    if y.size > 1:  # for one output nmse is (err / y)**2, and y may cancel to near zero
+        assert nmse(y, x.astype(np.float64) @ w64.T) < NMSE_TOL[name]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_1d_x_and_out_buffer(name):
+    rng = np.random.default_rng(7)
+    n_in = n_in_for(name, 2)
+    w = random_weight(name, 9, n_in, rng)
+    x = rng.standard_normal((3, n_in)).astype(np.float32)
+    y2 = matmul(w, name, x)
+    y1 = matmul(w, name, x[1])
+    assert y1.shape == (9,) and np.array_equal(y1, y2[1])
+    out = np.full((3, 9), np.nan, dtype=np.float32)
+    assert matmul(w, name, x, out=out) is out
+    assert np.array_equal(out, y2)
+    out1 = np.empty(9, dtype=np.float32)
+    assert matmul(w, name, x[2], out=out1) is out1 and np.array_equal(out1, y2[2])
+
+
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_K", "F16"])
+def test_zero_weights_and_zero_activations(name):
+    rng = np.random.default_rng(3)
+    n_in = n_in_for(name, 2)
+    w = random_weight(name, 4, n_in, rng)
+    w[2] = 0  # an all-zero row: zero scales, zero codes
+    x = rng.standard_normal((3, n_in)).astype(np.float32)
+    x[1] = 0.0  # a zero token: every activation block takes the d = 0 path
+    x[2, :n_in // 2] = 0.0
+    y = matmul(w, name, x)
+    assert np.isfinite(y).all()
+    assert np.all(y[:, 2] == 0) and np.all(y[1] == 0)
+    assert nmse(y, converted_activations(x, name) @ dequantize64(w, name).T) < NMSE_TOL_SAME_ACT
+
+
+def test_hand_built_q4_0_block():
+    # d = 0.5, every byte 0x9A: low nibble 10 -> (10 - 8) * 0.5 = 1.0, high nibble 9 -> 0.5
+    blk = np.concatenate([np.array([0.5], "<f2").view(np.uint8), np.full(16, 0x9A, np.uint8)])
+    x = np.ones(32, dtype=np.float32)  # Q8_0: qs = 127, d = fp16(1/127)
+    y = matmul(blk[None, :], "Q4_0", x)
+    x_val = 127 * float(np.float16(np.float32(1) / np.float32(127)))
+    assert y.shape == (1,) and y[0] == pytest.approx(16 * 1.5 * x_val, rel=1e-6)
+
+
+def test_hand_built_q8_0_block():
+    qs = np.arange(-16, 16, dtype=np.int8)
+    blk = np.concatenate([np.array([0.25], "<f2").view(np.uint8), qs.view(np.uint8)])
+    x = np.zeros(32, dtype=np.float32)
+    x[[0, 31]] = [2.0, -1.0]  # d = 2/127: q8 = 127 and round(-63.5) = -64 (halves away from zero)
+    d = float(np.float16(np.float32(2) / np.float32(127)))
+    expected = 0.25 * d * (-16 * 127 + 15 * -64)
+    assert matmul(blk[None, :], "Q8_0", x)[0] == pytest.approx(expected, rel=1e-6)
+
+
+def test_memmap_weights(tmp_path):
+    rng = np.random.default_rng(5)
+    w = random_weight("Q6_K", 6, 512, rng)
+    path = tmp_path / "w.bin"
+    w.tofile(path)
+    mm = np.memmap(path, dtype=np.uint8, mode="r", shape=w.shape)
+    x = rng.standard_normal(512).astype(np.float32)
+    assert np.array_equal(matmul(mm, "Q6_K", x), matmul(w, "Q6_K", x))
+
+
+# ---- dispatch and argument checks ------------------------------------------------------------------
+
+def test_registry_covers_the_supported_types_with_ggml_geometry():
+    assert list(KERNELS) == ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
+                             "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+    for name, k in KERNELS.items():
+        assert k.name == name
+        assert (k.block_size, k.type_size) == gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+
+
+@pytest.mark.parametrize("type_name", ["Q8_1", "Q8_K", "IQ2_XXS", "TQ1_0", "MXFP4", "q4_k", 12, None])
+def test_unregistered_type_raises(type_name):
+    w = np.zeros((2, 144), dtype=np.uint8)
+    with pytest.raises(UnsupportedQuantType, match="no CPU matmul kernel"):
+        matmul(w, type_name, np.zeros(256, dtype=np.float32))
+
+
+def test_bad_arguments_raise_value_error():
+    w = np.zeros((4, 144), dtype=np.uint8)  # one Q4_K block per row: n_in = 256
+    x = np.zeros((2, 256), dtype=np.float32)
+    cases = [
+        (w.astype(np.int8), x, None, "dtype uint8"),
+        (w.reshape(4, 144, 1), x, None, "dimensions"),
+        (np.zeros((4, 288), np.uint8)[:, ::2], x, None, "C-contiguous"),
+        (np.zeros((4, 150), np.uint8), x, None, "whole Q4_K blocks"),
+        (w, x.astype(np.float64), None, "dtype float32"),
+        (w, np.zeros((2, 512), np.float32)[:, ::2], None, "C-contiguous"),
+        (w, np.zeros((2, 255), np.float32), None, "255 features"),
+        (w, np.zeros((1, 2, 256), np.float32), None, "dimensions"),
+        (w, x, np.zeros((2, 5), np.float32), "expected \\(2, 4\\)"),
+        (w, x, np.zeros((2, 4), np.float64), "dtype float32"),
+        (w, x, np.zeros(4, np.float32), "dimensions"),
+        ([[0] * 144] * 4, x, None, "numpy array"),
+    ]
+    for wi, xi, out, msg in cases:
+        with pytest.raises(ValueError, match=msg):
+            matmul(wi, "Q4_K", xi, out=out)
+
+
+# ---- activation conversion ---------------------------------------------------------------------------
+
+def _activation_samples(rng, n):
+    x = (rng.standard_normal((4, n)) * rng.uniform(0.01, 100, (4, 1))).astype(np.float32)
+    x[1, :32] = 0.0  # an all-zero Q8_0 block
+    x[2] = 0.0  # all-zero Q8_K blocks
+    x[3, :32] = 0.0
+    x[3, :8] = [127.0, 63.5, -63.5, 0.5, -0.5, 1.5, 2.5, -127.0]  # Q8_0 d = 1: halves round away from zero
+    return x
+
+
+def test_quantize_q8_0_bit_exact_with_ggml_reference():
+    x = _activation_samples(np.random.default_rng(11), 512)
+    qs, d = act_quant.quantize_q8_0(x)
+    ref = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0).reshape(4, 16, 34)  # block_q8_0
+    ref_d = np.ascontiguousarray(ref[:, :, :2]).view("<f2")[..., 0].astype(np.float32)
+    ref_qs = np.ascontiguousarray(ref[:, :, 2:]).view(np.int8).reshape(4, 512)
+    assert np.array_equal(qs, ref_qs)
+    assert np.array_equal(d.view(np.uint32), ref_d.view(np.uint32))
+
+
+def test_quantize_q8_k_bit_exact_with_ggml_reference():
+    x = _activation_samples(np.random.default_rng(12), 768)
+    qs, d, bsums = act_quant.quantize_q8_k(x)
+    ref_d, ref_qs, ref_bsums = quantize_q8_k_parts(x)
+    assert np.array_equal(qs, ref_qs.reshape(4, 768))
+    assert np.array_equal(d.view(np.uint32), ref_d.view(np.uint32))
+    assert np.array_equal(bsums, ref_bsums.reshape(4, 48))
+
+
+def test_f16_scale_rounding_matches_numpy():
+    v = np.concatenate([np.random.default_rng(13).uniform(0, 2, 2000), [0.0, 6e-8, 3e-8, 65504.0, 65519.0,
+                        65520.0, 1e6, 2.0**-14, 2.0**-24 * 1.5, 1.0 + 2.0**-11]]).astype(np.float32)
+    ours = np.array([act_quant.f32_to_f16_value(t) for t in v], dtype=np.float32)
+    with np.errstate(over="ignore"):
+        assert np.array_equal(ours, v.astype(np.float16).astype(np.float32))
+
+
+def test_round_to_bf16_matches_gguf():
+    x = np.random.default_rng(14).standard_normal(4096).astype(np.float32)
+    x[:4] = [np.inf, -np.inf, np.nan, 1.0 + 2.0**-8]
+    ref = gguf.quants.quantize(x, gguf.GGMLQuantizationType.BF16)
+    ours = act_quant.round_to_bf16(x).view(np.uint32)
+    assert np.array_equal(ours >> 16, ref.view(np.uint16).astype(np.uint32)) and np.all(ours & 0xFFFF == 0)
