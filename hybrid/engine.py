@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +21,7 @@ from .arch.spec import LAYER_TENSORS_DENSE, LAYER_TENSORS_MOE, ArchSpec
 from .backend_cpu import CpuBackend
 from .errors import ContextTooLarge, HybridError
 from .kv import KV_TYPES, KVCache
+from .placement import PlacementPlan, plan
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 from .weights import ModelWeights, check_layers, load_weights
@@ -34,6 +35,9 @@ class EngineParams:
     type_k: str = "f16"  # -ctk
     type_v: str = "f16"  # -ctv
     n_threads: int = 0  # -t; 0 = physical cores
+    n_gpu_layers: str = "0"  # -ngl: N (repeating layers + output, as llama.cpp), "auto" or "all"
+    vram_budget: int | None = None  # --vram-budget in bytes; None = the device's free memory
+    flash_attn: bool = True  # -fa (our attention kernels are always flash-style; counted in the plan)
 
 
 @dataclass
@@ -70,6 +74,7 @@ class Engine:
     params: EngineParams
     backends: list = field(default_factory=list)  # one per repeating layer
     output_backend: object = None
+    placement: PlacementPlan | None = None  # None: everything on the CPU
 
     @classmethod
     def load(cls, path: str | Path, params: EngineParams = EngineParams(),
@@ -92,10 +97,46 @@ class Engine:
         if n_ctx > config.n_ctx_train > 0:
             if progress:
                 progress(f"warning: -c {n_ctx} is larger than the model's training context {config.n_ctx_train}")
-        params = EngineParams(n_ctx, params.n_batch, min(params.n_ubatch, params.n_batch), params.type_k,
-                              params.type_v, params.n_threads)
+        params = replace(params, n_ctx=n_ctx, n_ubatch=min(params.n_ubatch, params.n_batch))
         cpu = CpuBackend()
-        return cls(f, config, spec, weights, tokenizer, params, [cpu] * config.n_layer, cpu)
+        engine = cls(f, config, spec, weights, tokenizer, params, [cpu] * config.n_layer, cpu)
+        if str(params.n_gpu_layers) not in ("0", ""):
+            try:
+                engine._offload(progress)
+            except BaseException:
+                f.close()
+                raise
+        return engine
+
+    def _offload(self, progress: Callable[[str], None] | None) -> None:
+        """Plan the split (KV cache first, then the output layer, then layers from the last one backwards) and
+        upload the GPU layers' quantized blocks as they are."""
+        from .backend_gpu import GpuBackend  # noqa: PLC0415 - CuPy is optional
+
+        p, cfg = self.params, self.config
+        gpu = GpuBackend()
+        budget = p.vram_budget if p.vram_budget is not None else gpu.free_bytes()
+        gpu.limit_memory(budget)
+        ngl = p.n_gpu_layers if p.n_gpu_layers in ("auto", "all") else int(p.n_gpu_layers)
+        # our cache holds n_ctx cells in sliding-window layers too (swa_full)
+        self.placement = plan(cfg, self.gguf.tensors, budget, ngl, p.n_ctx, p.type_k, p.type_v, p.n_ubatch,
+                              p.flash_attn, swa_full=True)
+        for lp in self.placement.layers:
+            if lp.device == "gpu":
+                self.weights.layers[lp.index] = {k: gpu.upload(w) for k, w in self.weights.layers[lp.index].items()}
+                self.backends[lp.index] = gpu
+        if self.placement.output.device == "gpu":
+            self.weights.output = gpu.upload(self.weights.output)
+            self.weights.output_norm = gpu.upload(self.weights.output_norm)
+            self.output_backend = gpu
+        if progress:
+            pl = self.placement
+            progress(f"offloaded {pl.n_gpu_layers}/{cfg.n_layer + 1} layers to the GPU "
+                     f"({pl.gpu_total_bytes / 2**30:.2f} GiB of a {budget / 2**30:.2f} GiB budget)")
+
+    @property
+    def _cpu(self) -> CpuBackend:
+        return next((b for b in [*self.backends, self.output_backend] if isinstance(b, CpuBackend)), CpuBackend())
 
     def close(self) -> None:
         self.gguf.close()
@@ -136,13 +177,16 @@ class Engine:
 
     def _layers(self, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
         cfg, spec = self.config, self.spec
-        x = self.backends[0].get_rows(self.weights.token_embd, tokens)  # (n, n_embd)
+        x = self._cpu.get_rows(self.weights.token_embd, tokens)  # (n, n_embd), the embedding stays on the CPU
         if spec.embd_scale:
             x = x * np.float32(np.sqrt(cfg.n_embd))
+        prev = None
         for il, be in enumerate(self.backends):
-            x = layer_forward(be, spec, cfg, self.weights.layers[il], il, be.from_host(x), positions, cache)
-            x = be.to_host(x)
-        return x
+            if be is not prev:  # the hidden state crosses devices once per change (CPU -> GPU in a split)
+                x = be.from_host(prev.to_host(x) if prev is not None else x)
+                prev = be
+            x = layer_forward(be, spec, cfg, self.weights.layers[il], il, x, positions, cache)
+        return prev.to_host(x) if prev is not None else x
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
         be = self.output_backend

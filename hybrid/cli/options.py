@@ -29,3 +29,7 @@ ChatTemplateOpt = Annotated[
     Optional[str],
     typer.Option("--chat-template", help="Built-in template name (gemma, chatml, llama3, llama2) or a jinja2 file."),
 ]
+VramBudgetOpt = Annotated[
+    Optional[str],
+    typer.Option("--vram-budget", help="Act like a card with this much VRAM, e.g. 24GiB (default: the GPU's free memory)."),
+]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 from typing import Annotated, Optional
@@ -14,8 +15,10 @@ from hybrid.text_stream import TextStream
 
 from .chat import chat_loop
 from .common import ModelArg
+from .explain import explain_plan, render_plan
 from .options import (BatchOpt, ChatTemplateOpt, CtkOpt, CtvOpt, CtxOpt, FrequencyOpt, MinPOpt, NglOpt, PresenceOpt,
-                      RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, UBatchOpt)
+                      RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, UBatchOpt,
+                      VramBudgetOpt)
 from .session import load_engine, note
 
 
@@ -31,6 +34,8 @@ def run(
     ctk: CtkOpt = "f16",
     ctv: CtvOpt = "f16",
     ngl: NglOpt = "0",
+    vram_budget: VramBudgetOpt = None,
+    explain: Annotated[bool, typer.Option("--explain", help="Print the placement plan (which layers go where, KV cache, headroom); without -p/-f, only that.")] = False,
     temp: TempOpt = 0.8,
     top_k: TopKOpt = 40,
     top_p: TopPOpt = 0.95,
@@ -54,8 +59,12 @@ def run(
     params = EngineParams(ctx, batch, ubatch, ctk, ctv, threads)
     sampling = SamplingParams(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                               frequency_penalty, seed)
+    if explain:
+        render_plan(explain_plan(model, ngl, ctx, ctk, ctv, ubatch, vram_budget))
+        if prompt is None and file is None and not conversation:
+            return
     if conversation:
-        engine, load_ms = load_engine(model, params, ngl)
+        engine, load_ms = load_engine(model, params, ngl, vram_budget)
         chat_loop(engine, sampling, n_predict, chat_template, system, prompt)
         return
     if file is not None:
@@ -63,7 +72,7 @@ def run(
             prompt = fh.read()
     if prompt is None:
         raise typer.BadParameter("give a prompt with -p TEXT or -f FILE (or use -cnv to chat)")
-    engine, load_ms = load_engine(model, params, ngl)
+    engine, load_ms = load_engine(model, params, ngl, vram_budget)
     tok = engine.tokenizer
     prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
     timings = Timings(load_ms=load_ms)
@@ -95,3 +104,14 @@ def print_timings(t: Timings) -> None:
     note(f"       eval time = {t.eval_ms:10.2f} ms / {t.eval_tokens:5d} runs   "
          f"({t.eval_ms / max(t.eval_tokens, 1):8.2f} ms per token, {t.rate(t.eval_tokens, t.eval_ms):8.2f} tokens per second)")
     note(f"     sample time = {t.sample_ms:10.2f} ms")
+
+
+def chat(**kwargs) -> None:
+    """Chat with the model using its chat template (same options as `run -cnv`); the KV cache is kept between turns."""
+    run(**kwargs)
+
+
+_run_signature = inspect.signature(run, eval_str=True)
+chat.__signature__ = _run_signature.replace(parameters=[
+    p.replace(default=True) if p.name == "conversation" else p for p in _run_signature.parameters.values()
+])
