@@ -2,9 +2,10 @@
 
 Q8_0 and Q8_K follow ggml's reference `quantize_row_q8_0_ref` / `quantize_row_q8_K_ref` bit for bit, but are
 stored as separate arrays (structure of arrays) rather than packed blocks, so kernels index them directly:
-  block_q8_0: d (fp16), qs[32] int8       -> qs int8 (n_tok, n_in), d float32 (n_tok, n_in/32) holding the fp16 value
+  block_q8_0: d (fp16), qs[32] int8
+        -> qs int8 (n_tok, n_in), d float32 (n_tok, n_in/32) holding the fp16 value
   block_q8_K: d (f32), qs[256] int8, bsums[16] int16
-                                          -> qs int8 (n_tok, n_in), d float32 (n_tok, n_in/256), bsums int16 (n_tok, n_in/16)
+        -> qs int8 (n_tok, n_in), d float32 (n_tok, n_in/256), bsums int16 (n_tok, n_in/16)
 These functions are compiled without fastmath: they must round exactly like C.
 """
 

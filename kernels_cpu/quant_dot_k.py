@@ -6,7 +6,7 @@ scale (|code * scale| <= 4096), plus per super-block float scales d, dmin and pe
 Then, per token and super-block, one flat 256-long int16 x int8 loop (LLVM vectorizes it) gives
 isum = sum_j code_j * scale_j * q8_j exactly in int32, and
     y += d_x * (d * isum - dmin * sum_g min_g * bsums_g)
-where bsums are the Q8_K block's 16-element sums of q8 (only Q2_K, Q4_K, Q5_K have mins).
+where bsums are the Q8_K block's 16-element sums of q8 (only Q2_K, Q4_K, Q5_K have mins), as in ggml.
 
 The 16/32-long decode loops run to `n16` (or 2 * n16), a run-time argument that is always 16: Numba's LLVM
 pipeline has no SLP vectorizer, so a loop with a compile-time bound of 16 or 32 is unrolled completely into
@@ -16,14 +16,13 @@ scalar code, while a run-time bound keeps a loop that the loop vectorizer handle
 import numpy as np
 from numba import njit, prange
 
-from kernels_cpu.quant_dot_float import ROWS_PER_TASK, read_f16
+from kernels_cpu.quant_dot_float import ROWS_PER_TASK, dot_f32, read_f16
 from kernels_cpu.quant_dot_legacy import KVALUES_IQ4NL
 
 QK_K = 256
 
 # Type codes for `matmul_k` (one compiled kernel serves all six types).
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = 0, 1, 2, 3, 4, 5
-TYPE_SIZE = {Q2_K: 84, Q3_K: 110, Q4_K: 144, Q5_K: 176, Q6_K: 210, IQ4_XS: 136}
 
 
 @njit(cache=True, fastmath=True)
@@ -120,10 +119,12 @@ def decode_row_q5_k(row, w16, d, dmin, mins, n16):
             s1, m1 = _scale_min_k4(blocks[i], 2 * j + 1)
             mn[i, 4 * j], mn[i, 4 * j + 1], mn[i, 4 * j + 2], mn[i, 4 * j + 3] = m0, m0, m1, m1
             for l in range(2 * n16):
-                q = (np.int32(blocks[i, 48 + 32 * j + l]) & 15) | (((np.int32(blocks[i, 16 + l]) >> (2 * j)) & 1) << 4)
+                q = (np.int32(blocks[i, 48 + 32 * j + l]) & 15) | (
+                    ((np.int32(blocks[i, 16 + l]) >> (2 * j)) & 1) << 4)
                 o[i, 64 * j + l] = np.int16(q * s0)
             for l in range(2 * n16):
-                q = (np.int32(blocks[i, 48 + 32 * j + l]) >> 4) | (((np.int32(blocks[i, 16 + l]) >> (2 * j + 1)) & 1) << 4)
+                q = (np.int32(blocks[i, 48 + 32 * j + l]) >> 4) | (
+                    ((np.int32(blocks[i, 16 + l]) >> (2 * j + 1)) & 1) << 4)
                 o[i, 64 * j + 32 + l] = np.int16(q * s1)
 
 
@@ -165,12 +166,14 @@ def decode_row_iq4_xs(row, w16, d, dmin, mins, n16):
         dmin[i] = 0.0
         scales_h = np.int32(blocks[i, 2]) | (np.int32(blocks[i, 3]) << 8)
         for ib in range(8):
-            ls = ((np.int32(blocks[i, 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)
-            sc = ls - 32
+            low = (np.int32(blocks[i, 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF
+            sc = (low | (((scales_h >> (2 * ib)) & 3) << 4)) - 32
             for j in range(16):
-                o[i, 32 * ib + j] = np.int16(np.int32(KVALUES_IQ4NL[np.int32(blocks[i, 8 + 16 * ib + j]) & 15]) * sc)
+                v = np.int32(blocks[i, 8 + 16 * ib + j])
+                o[i, 32 * ib + j] = np.int16(np.int32(KVALUES_IQ4NL[v & 15]) * sc)
             for j in range(16):
-                o[i, 32 * ib + 16 + j] = np.int16(np.int32(KVALUES_IQ4NL[np.int32(blocks[i, 8 + 16 * ib + j]) >> 4]) * sc)
+                v = np.int32(blocks[i, 8 + 16 * ib + j])
+                o[i, 32 * ib + 16 + j] = np.int16(np.int32(KVALUES_IQ4NL[v >> 4]) * sc)
 
 
 @njit(cache=True, fastmath=True)
@@ -192,22 +195,17 @@ def decode_row_k(kind, row, w16, d, dmin, mins, n16):
 
 
 @njit(cache=True, fastmath=True)
-def dot_row_q8_k(w16, d, dmin, mins, has_min, xq, xd, bsums):
-    """One decoded row . one token's Q8_K activations (xq int8 (n_in), xd float32 (n_in/256), bsums int16)."""
+def dot_row_q8_k(w16, d, xq, xd):
+    """sum_i d_x[i] * d[i] * isum_i over the super-blocks: a decoded row (w16 int16 (n_in), d float32 (nb)) .
+    one token's Q8_K codes and scales (xq int8 (n_in), xd float32 (nb)); each isum_i is exact in int32."""
     acc = np.float32(0.0)
     for i in range(d.shape[0]):
         wb = w16[i * QK_K:(i + 1) * QK_K]
         xb = xq[i * QK_K:(i + 1) * QK_K]
         isum = np.int32(0)
-        for j in range(QK_K):
+        for j in range(QK_K):  # a compile-time 256: LLVM vectorizes it (too long to unroll completely)
             isum = np.int32(isum + np.int32(wb[j]) * np.int32(xb[j]))
-        v = d[i] * np.float32(isum)
-        if has_min:
-            msum = np.int32(0)
-            for g in range(i * 16, i * 16 + 16):
-                msum = np.int32(msum + np.int32(mins[g]) * np.int32(bsums[g]))
-            v -= dmin[i] * np.float32(msum)
-        acc += xd[i] * v
+        acc += (xd[i] * d[i]) * np.float32(isum)
     return acc
 
 
@@ -218,18 +216,31 @@ def matmul_k(w, kind, xq, xd, bsums, y, n16):
     w: uint8 (n_out, n_in/256 * type_size) raw super-blocks of type `kind`; xq int8 (n_tok, n_in),
     xd float32 (n_tok, n_in/256), bsums int16 (n_tok, n_in/16): Q8_K activations (`act_quant.quantize_q8_k`);
     y: float32 (n_tok, n_out). n16 must be 16: a run-time argument on purpose (module docstring).
+    The min term sum_i d_x[i] * dmin[i] * sum_g min_g * bsums_g is one flat float dot per row and token:
+    mins scaled by dmin (per row) . bsums scaled by d_x (per call), both exact in float32 but d_x * bsums.
     """
     n_out = w.shape[0]
-    n_in = xq.shape[1]
+    n_tok, n_in = xq.shape
     nb = n_in // QK_K
     has_min = kind == Q2_K or kind == Q4_K or kind == Q5_K
+    bsums_x = np.empty((n_tok, n_in // 16), dtype=np.float32)  # d_x * bsums, per 16 activations
+    for t in range(n_tok):
+        for g in range(n_in // 16):
+            bsums_x[t, g] = xd[t, g // 16] * np.float32(bsums[t, g])
     n_tasks = (n_out + ROWS_PER_TASK - 1) // ROWS_PER_TASK
     for task in prange(n_tasks):
         w16 = np.empty(n_in, dtype=np.int16)
         d = np.empty(nb, dtype=np.float32)
         dmin = np.empty(nb, dtype=np.float32)
         mins = np.zeros(n_in // 16, dtype=np.int16)
+        mins_w = np.empty(n_in // 16, dtype=np.float32)  # dmin * min, per 16 weights
         for r in range(task * ROWS_PER_TASK, min(n_out, (task + 1) * ROWS_PER_TASK)):
             decode_row_k(kind, w[r], w16, d, dmin, mins, n16)  # once per row for the whole batch
-            for t in range(xq.shape[0]):
-                y[t, r] = dot_row_q8_k(w16, d, dmin, mins, has_min, xq[t], xd[t], bsums[t])
+            if has_min:
+                for g in range(n_in // 16):
+                    mins_w[g] = dmin[g // 16] * np.float32(mins[g])
+            for t in range(n_tok):
+                acc = dot_row_q8_k(w16, d, xq[t], xd[t])
+                if has_min:
+                    acc -= dot_f32(mins_w, bsums_x[t])
+                y[t, r] = acc

@@ -3,9 +3,10 @@
 Each weight row is decoded once per batch, block by block, into float32 scratch: the block's integer codes
 times its fp16 scale (plus its fp16 min for Q4_1/Q5_1). These products are exact in float32 (<= 8-bit code x
 11-bit scale), and the activations are the exact values of their Q8_0 blocks, so `row . x` equals ggml's
-sum_b d_w[b] * d_x[b] * sum_j q[j] * q8[j] up to float32 rounding. The per-token product is then one flat
-float loop that LLVM vectorizes; a per-block integer reduction cannot be vectorized by Numba (its LLVM
-pipeline runs no SLP vectorizer, and 32-long loops are fully unrolled into scalar code).
+sum_b d_w[b] * d_x[b] * sum_j q[j] * q8[j] (+ m * d_x * sum q8 for Q4_1/Q5_1) up to float32 rounding.
+The per-token product is then one flat float loop that LLVM vectorizes; a per-block integer reduction
+cannot be vectorized by Numba (its LLVM pipeline runs no SLP vectorizer, and 32-long loops are fully
+unrolled into scalar code).
 
 The 16-long decode loops run to `n16`, a run-time argument that is always 16: with a compile-time bound LLVM
 unrolls them completely into scalar code; with a run-time bound it keeps loops and vectorizes them (2-3x).
@@ -20,7 +21,6 @@ QK = 32  # elements per block for every type in this file
 
 # Type codes for `matmul_legacy` (one compiled kernel serves all six types).
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 0, 1, 2, 3, 4, 5
-TYPE_SIZE = {Q4_0: 18, Q4_1: 20, Q5_0: 22, Q5_1: 24, Q8_0: 34, IQ4_NL: 18}
 
 # kvalues_iq4nl (ggml-common.h): the 16 non-linear levels of IQ4_NL / IQ4_XS.
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)

@@ -8,7 +8,7 @@ import pytest
 
 from gguf_io.errors import UnsupportedQuantType
 from gguf_io.quantize_ref import quantize_q8_k_parts
-from kernels_cpu import act_quant
+from kernels_cpu import act_quant, quant_dot_float
 from kernels_cpu.matmul import KERNELS, matmul
 
 NAMES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
@@ -194,6 +194,17 @@ def test_bad_arguments_raise_value_error():
     for wi, xi, out, msg in cases:
         with pytest.raises(ValueError, match=msg):
             matmul(wi, "Q4_K", xi, out=out)
+
+
+def test_fp16_decoding_is_exact_for_every_bit_pattern():
+    h = np.arange(65536, dtype=np.uint16)
+    ref = h.view(np.float16).astype(np.float32).view(np.uint32)
+    nan = np.isnan(h.view(np.float16))
+    bits = np.empty(65536, dtype=np.uint32)
+    quant_dot_float.decode_row_f16(h, bits, bits.view(np.float32))  # F16 weight rows
+    assert np.array_equal(bits[~nan], ref[~nan]) and np.isnan(bits.view(np.float32)[nan]).all()
+    scalar = np.array([quant_dot_float.f16_bits_to_f32(int(v)) for v in h], dtype=np.float32)  # block scales
+    assert np.array_equal(scalar.view(np.uint32)[~nan], ref[~nan]) and np.isnan(scalar[nan]).all()
 
 
 # ---- activation conversion ---------------------------------------------------------------------------
