@@ -30,6 +30,15 @@ class GpuBackend:
         self._pos_dev = None
 
     # ---- placement helpers
+    def free_bytes(self) -> int:
+        """Free device memory now (cudaMemGetInfo), plus what CuPy's pool holds unused."""
+        free, _ = self._cupy.cuda.runtime.memGetInfo()
+        return int(free) + int(self._cupy.get_default_memory_pool().free_bytes())
+
+    def limit_memory(self, nbytes: int) -> None:
+        """Cap what CuPy's pool may hold (weights, KV cache, scratch): past it allocations raise OutOfMemoryError."""
+        self._cupy.get_default_memory_pool().set_limit(size=int(nbytes))
+
     def upload(self, weight: Weight) -> Weight:
         """A copy of `weight` whose raw data lives on the GPU: quantized/float matrices as their raw bytes
         (uint8, same shape), 1-D tensors (norms, biases) as float32."""

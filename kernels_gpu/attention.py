@@ -1,0 +1,75 @@
+"""Launcher of attention.cu: causal (and sliding-window) attention over a GpuKVCacheLayer, flash style.
+
+The keys are split across CTAs when (tokens x kv heads) alone would leave the GPU idle (decode), and the splits'
+partial softmax states are merged by attn_combine (flash-decoding).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .kv_cache import GpuKVCacheLayer, kv_type_code
+from .module import get_kernel
+
+ATT_THREADS = 128  # 4 warps (ATT_WARPS in attention.cu)
+ATT_E = (1, 2, 3, 4, 6, 8)  # head_dim / 32 values with a compiled kernel
+TARGET_CTAS = 1024  # enough CTAs to fill 132 SMs several times
+MIN_CHUNK = 64  # keys per split at least
+
+
+def _heads_per_cta(group: int, e: int) -> int:
+    cap = 4 if e > 4 else 8  # HPC * E <= 32 accumulators per lane
+    hpc = 1
+    while hpc < group and hpc < cap:
+        hpc *= 2
+    return hpc
+
+
+def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_swa: int = 0, out=None,
+              target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK):
+    """q (n_tok, n_head, head_dim) f32 (cupy) at positions (cupy int32 (n_tok,)) over cache cells [0, n_kv)
+    -> (n_tok, n_head, head_dim) f32: softmax(scale q.k) v with causal and sliding-window (n_swa > 0) masks.
+    The batch's own K/V must be stored first. head_dim_k must equal head_dim_v (a multiple of 32, <= 256).
+    target_ctas / min_chunk steer the split of the keys across CTAs (tuning knobs)."""
+    import cupy  # noqa: PLC0415
+
+    if not isinstance(q, cupy.ndarray) or q.dtype != cupy.float32 or q.ndim != 3:
+        raise ValueError("attention: q must be a 3-D float32 cupy array (n_tok, n_head, head_dim)")
+    q = cupy.ascontiguousarray(q)
+    n_tok, n_head, d = q.shape
+    if d != layer.head_dim_k or layer.head_dim_k != layer.head_dim_v:
+        raise ValueError(f"attention: needs head_dim q == k == v, found {d}, {layer.head_dim_k}, {layer.head_dim_v}")
+    if d % 32 or d // 32 not in ATT_E:
+        raise ValueError(f"attention: head_dim must be 32 x {ATT_E}, found {d}")
+    n_head_kv = layer.n_head_kv
+    if n_head % n_head_kv:
+        raise ValueError(f"attention: n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})")
+    if not 0 <= n_kv <= layer.n_ctx:
+        raise ValueError(f"attention: n_kv must lie in [0, {layer.n_ctx}], found {n_kv}")
+    if out is None:
+        out = cupy.empty((n_tok, n_head, d), dtype=cupy.float32)
+    if n_tok == 0:
+        return out
+    e = d // 32
+    group = n_head // n_head_kv
+    hpc = _heads_per_cta(group, e)
+    gpk = (group + hpc - 1) // hpc
+    ctas = n_tok * n_head_kv * gpk
+    max_splits = max(1, -(-n_kv // min_chunk))
+    n_splits = min(max_splits, max(1, -(-target_ctas // ctas)))
+    chunk = max(1, -(-n_kv // n_splits))
+    n_splits = max(1, -(-n_kv // chunk))
+    if n_splits > 1:
+        part_ms = cupy.empty((n_tok * n_head * n_splits * 2,), dtype=cupy.float32)
+        part_acc = cupy.empty((n_tok * n_head * n_splits * d,), dtype=cupy.float32)
+    else:
+        part_ms = part_acc = np.uint64(0)
+    i32 = np.int32
+    fn = get_kernel("attention", f"attn_e{e}_h{hpc}", (("ATT_E", e), ("ATT_HPC", hpc)))
+    fn((n_splits, n_head_kv * gpk, n_tok), (ATT_THREADS,),
+       (q, layer.k, layer.v, positions, out, part_ms, part_acc, i32(n_head), i32(n_head_kv),
+        i32(kv_type_code(layer.type_k)), i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]),
+        i32(layer.v.shape[2]), i32(n_kv), i32(chunk), i32(n_splits), np.float32(scale), i32(n_swa)))
+    if n_splits > 1:
+        get_kernel("attention", "attn_combine")((n_tok * n_head,), (d,), (part_ms, part_acc, out, i32(n_splits), i32(d)))
+    return out

@@ -1,0 +1,51 @@
+// common.cu: prepended (as text) to every kernels_gpu module before NVRTC compiles it (see module.py).
+// No #include: NVRTC has no standard headers, so integer types and fp16 conversions are defined here.
+// All block layouts follow ggml-common.h; fp16 fields are read as raw bits and converted with PTX cvt.
+
+typedef unsigned char u8;
+typedef signed char i8;
+typedef unsigned short u16;
+typedef short i16;
+typedef unsigned int u32;
+typedef int i32;
+typedef unsigned long long u64;
+
+#define WARP 32
+#define NEG_INF (__int_as_float(0xff800000))
+
+// IEEE half bits -> float32 (exact)
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+// float32 -> IEEE half bits, round to nearest even (as GGML_FP32_TO_FP16 and numpy)
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((u32)h) << 16); }
+
+// little-endian loads at the alignment a block field guarantees
+__device__ __forceinline__ u16 ld_u16(const u8* p) { return *(const u16*)p; }
+__device__ __forceinline__ u32 ld_u32_a2(const u8* p) {  // 2-byte aligned
+    const u16* q = (const u16*)p;
+    return (u32)q[0] | ((u32)q[1] << 16);
+}
+__device__ __forceinline__ u32 ld_u32(const u8* p) { return *(const u32*)p; }  // 4-byte aligned
+__device__ __forceinline__ float ld_f16(const u8* p) { return h2f(ld_u16(p)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}

@@ -1,0 +1,99 @@
+"""KV cache storage of one layer in GPU memory: the same ggml-layout rows as kernels_cpu/kv_cache.py.
+
+k, v: cupy uint8 (n_ctx, n_head_kv, row_bytes); cell c holds position c. Types f32, f16, q8_0, q4_0 (blocks of
+32 along head_dim; block_q8_0: d fp16, qs[32]; block_q4_0: d fp16, qs[16]), written by kv.cu.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .module import get_kernel
+
+KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2, "q4_0": 3}  # llama.cpp --cache-type names -> kernel codes
+QK = 32
+Q8_0_BYTES = 34
+Q4_0_BYTES = 18
+
+
+def kv_type_code(type_name: str) -> int:
+    code = KV_TYPES.get(str(type_name).lower())
+    if code is None:
+        raise ValueError(f"KV cache type must be one of {sorted(KV_TYPES)}, found {type_name!r}")
+    return code
+
+
+def kv_row_bytes(type_name: str, head_dim: int) -> int:
+    """Bytes of one head's row of head_dim values in the cache type."""
+    code = kv_type_code(type_name)
+    if code >= 2 and head_dim % QK:
+        raise ValueError(f"{type_name} KV cache needs head_dim divisible by {QK}, found {head_dim}")
+    return (head_dim * 4, head_dim * 2, head_dim // QK * Q8_0_BYTES, head_dim // QK * Q4_0_BYTES)[code]
+
+
+@dataclass(frozen=True)
+class GpuKVCacheLayer:
+    """One layer's cache on the GPU: k, v cupy uint8 (n_ctx, n_head_kv, row_bytes), ggml-layout rows."""
+
+    type_k: str
+    type_v: str
+    head_dim_k: int
+    head_dim_v: int
+    k: object  # cupy uint8 (n_ctx, n_head_kv, kv_row_bytes(type_k, head_dim_k))
+    v: object  # cupy uint8 (n_ctx, n_head_kv, kv_row_bytes(type_v, head_dim_v))
+
+    @property
+    def n_ctx(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def n_head_kv(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.k.nbytes + self.v.nbytes)
+
+
+def alloc_kv_layer(n_ctx: int, n_head_kv: int, head_dim_k: int, head_dim_v: int | None = None,
+                   type_k: str = "f16", type_v: str = "f16") -> GpuKVCacheLayer:
+    """A zeroed GpuKVCacheLayer of n_ctx cells (head_dim_v defaults to head_dim_k)."""
+    import cupy  # noqa: PLC0415
+
+    head_dim_v = head_dim_k if head_dim_v is None else head_dim_v
+    type_k, type_v = str(type_k).lower(), str(type_v).lower()
+    k = cupy.zeros((n_ctx, n_head_kv, kv_row_bytes(type_k, head_dim_k)), dtype=cupy.uint8)
+    v = cupy.zeros((n_ctx, n_head_kv, kv_row_bytes(type_v, head_dim_v)), dtype=cupy.uint8)
+    return GpuKVCacheLayer(type_k, type_v, head_dim_k, head_dim_v, k, v)
+
+
+def _store(dst, x, positions, code: int) -> None:
+    n_tok, n_head_kv, hd = x.shape
+    i32 = np.int32
+    if code <= 1:
+        total = n_tok * n_head_kv * hd
+        get_kernel("kv", "kv_store_float")(((total + 255) // 256,), (256,),
+                                           (x, positions, dst, i32(n_tok), i32(n_head_kv), i32(hd), i32(code)))
+    else:
+        threads = n_tok * n_head_kv * hd  # one lane per value, one warp per block of 32
+        get_kernel("kv", "kv_store_quant")(((threads + 255) // 256,), (256,),
+                                           (x, positions, dst, i32(n_tok), i32(n_head_kv), i32(hd), i32(code)))
+
+
+def kv_store(layer: GpuKVCacheLayer, positions, k, v) -> None:
+    """Write k (n_tok, n_head_kv, head_dim_k) and v (n_tok, n_head_kv, head_dim_v) f32 (cupy) at cells =
+    positions (cupy int32 (n_tok,), values already checked to lie in [0, n_ctx))."""
+    import cupy  # noqa: PLC0415
+
+    n_tok = positions.shape[0]
+    for name, x, hd in (("k", k, layer.head_dim_k), ("v", v, layer.head_dim_v)):
+        if x.shape != (n_tok, layer.n_head_kv, hd):
+            raise ValueError(f"kv_store: {name} must be {(n_tok, layer.n_head_kv, hd)}, found {x.shape}")
+    if n_tok == 0:
+        return
+    k = cupy.ascontiguousarray(k, dtype=cupy.float32)
+    v = cupy.ascontiguousarray(v, dtype=cupy.float32)
+    _store(layer.k, k, positions, kv_type_code(layer.type_k))
+    _store(layer.v, v, positions, kv_type_code(layer.type_v))

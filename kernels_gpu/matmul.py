@@ -1,0 +1,257 @@
+"""`matmul(w_raw, type_name, x)` on the GPU, weights kept in their raw GGML blocks in device memory.
+
+Decode (n_tok <= MATVEC_MAX_TOKENS): one matvec kernel per type reads the blocks once, dequantizes in registers
+and serves up to 8 tokens (warp-per-row, shuffle reductions). Prefill: the weight is dequantized in row chunks
+into an fp16 scratch, and cuBLAS multiplies fp16 x fp16 with fp32 accumulation and fp32 output (F32 weights:
+fp32 GEMM on the raw rows; BF16: an fp32 scratch). One explicit `GPU_KERNELS` entry per GGML type.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gguf_io.errors import UnsupportedQuantType
+
+from .module import get_kernel
+
+MATVEC_MAX_TOKENS = 8  # tokens one matvec launch serves (NT templates 1, 2, 4, 8)
+GEMM_MIN_TOKENS = 9  # from here on dequantize + cuBLAS (measured: equal to the matvec at 8 tokens, 2x ahead at 16)
+GEMM_CHUNK_ELEMENTS = 1 << 26  # dequantized scratch per chunk: 64 Mi values = 128 MiB of fp16
+MV_WARPS = 8  # warps per CTA in the matvec kernels (MV_WARPS / MVF_WARPS in the .cu files)
+
+
+@dataclass(frozen=True)
+class GpuKernel:
+    """How the GPU multiplies by one GGML type."""
+
+    name: str
+    block_size: int  # elements per block
+    type_size: int  # bytes per block
+    module: str  # kernels_gpu module holding matvec_<suffix>_<NT> and dequant_*_<suffix>
+    suffix: str
+    parts: int  # threads per block in the matvec/dequant kernels (P in the .cu structs); 0 for float types
+    align: int  # byte alignment the kernels assume for the weight's base address
+
+    @property
+    def is_float(self) -> bool:
+        return self.parts == 0
+
+
+_L, _K, _F = "matvec_legacy", "matvec_k", "matvec_float"
+GPU_KERNELS: dict[str, GpuKernel] = {
+    "F32": GpuKernel("F32", 1, 4, _F, "f32", 0, 4),
+    "F16": GpuKernel("F16", 1, 2, _F, "f16", 0, 2),
+    "BF16": GpuKernel("BF16", 1, 2, _F, "bf16", 0, 2),
+    "Q4_0": GpuKernel("Q4_0", 32, 18, _L, "q4_0", 2, 2),
+    "Q4_1": GpuKernel("Q4_1", 32, 20, _L, "q4_1", 2, 4),
+    "Q5_0": GpuKernel("Q5_0", 32, 22, _L, "q5_0", 2, 2),
+    "Q5_1": GpuKernel("Q5_1", 32, 24, _L, "q5_1", 2, 4),
+    "Q8_0": GpuKernel("Q8_0", 32, 34, _L, "q8_0", 2, 2),
+    "IQ4_NL": GpuKernel("IQ4_NL", 32, 18, _L, "iq4_nl", 2, 2),
+    "Q2_K": GpuKernel("Q2_K", 256, 84, _K, "q2_k", 8, 4),
+    "Q3_K": GpuKernel("Q3_K", 256, 110, _K, "q3_k", 8, 2),
+    "Q4_K": GpuKernel("Q4_K", 256, 144, _K, "q4_k", 8, 16),
+    "Q5_K": GpuKernel("Q5_K", 256, 176, _K, "q5_k", 8, 16),
+    "Q6_K": GpuKernel("Q6_K", 256, 210, _K, "q6_k", 8, 2),
+    "IQ4_XS": GpuKernel("IQ4_XS", 256, 136, _K, "iq4_xs", 8, 8),
+}
+
+
+def gpu_kernel(type_name) -> GpuKernel:
+    try:
+        return GPU_KERNELS[type_name]
+    except (KeyError, TypeError):
+        raise UnsupportedQuantType(
+            f"no GPU matmul kernel for GGML type {type_name!r}; supported: {', '.join(GPU_KERNELS)}"
+        ) from None
+
+
+def _check(name, a, dtype, ndims):
+    import cupy  # noqa: PLC0415
+
+    if not isinstance(a, cupy.ndarray):
+        raise ValueError(f"{name} must be a cupy array (on the GPU), got {type(a).__name__}")
+    if a.dtype != dtype:
+        raise ValueError(f"{name} must have dtype {np.dtype(dtype).name}, got {a.dtype}")
+    if a.ndim not in ndims:
+        raise ValueError(f"{name} must have {' or '.join(map(str, ndims))} dimensions, got shape {a.shape}")
+    if not a.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (shape {a.shape}, strides {a.strides})")
+
+
+def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = None, rpw: int | None = None):
+    """y = x @ W.T with W kept in its raw GGML blocks on the GPU.
+
+    w_raw: cupy uint8 (n_out, row_bytes), C-contiguous; x: cupy float32 (n_tok, n_in) or (n_in,);
+    out: optional cupy float32 (n_tok, n_out) or (n_out,). Returns y float32 (n_tok, n_out) or (n_out,).
+    path: "auto", "matvec" (chunks of 8 tokens) or "gemm" (dequantize + cuBLAS); wpr: warps per row group,
+    rpw: rows per warp (one-token matvec of quantized types); None picks them.
+    """
+    import cupy  # noqa: PLC0415
+
+    k = gpu_kernel(type_name)
+    _check("w_raw", w_raw, np.uint8, (2,))
+    _check("x", x, np.float32, (1, 2))
+    n_out, row_bytes = w_raw.shape
+    if row_bytes == 0 or row_bytes % k.type_size:
+        raise ValueError(f"w_raw rows of {row_bytes} bytes are not whole {type_name} blocks of {k.type_size} bytes")
+    if w_raw.data.ptr % k.align:
+        raise ValueError(f"w_raw of {type_name} must be {k.align}-byte aligned on the device")
+    n_in = row_bytes // k.type_size * k.block_size
+    if x.shape[-1] != n_in:
+        raise ValueError(f"x has {x.shape[-1]} features but the {type_name} weight rows hold {n_in}")
+    x2 = x.reshape(-1, n_in)  # (n_tok, n_in)
+    if x2.data.ptr % 16:
+        x2 = x2.copy()  # the kernels read x as float4
+    n_tok = x2.shape[0]
+    y_shape = (n_out,) if x.ndim == 1 else (n_tok, n_out)
+    if out is None:
+        out = cupy.empty(y_shape, dtype=cupy.float32)
+    else:
+        _check("out", out, np.float32, (x.ndim,))
+        if out.shape != y_shape:
+            raise ValueError(f"out has shape {out.shape}, expected {y_shape}")
+    if n_out == 0 or n_tok == 0:
+        return out
+    y2 = out.reshape(n_tok, n_out)
+    if path == "auto":
+        path = "gemm" if n_tok >= GEMM_MIN_TOKENS else "matvec"
+    if path == "matvec":
+        for s in range(0, n_tok, MATVEC_MAX_TOKENS):
+            e = min(n_tok, s + MATVEC_MAX_TOKENS)
+            _matvec(k, w_raw, x2[s:e], y2[s:e], n_in, wpr, rpw)
+    elif path == "gemm":
+        _gemm(k, w_raw, x2, y2, n_in)
+    else:
+        raise ValueError(f"path must be 'auto', 'matvec' or 'gemm', found {path!r}")
+    return out
+
+
+def matvec_config(n_out: int, items_per_row: int, rpw: int | None = None) -> tuple[int, int]:
+    """(rows per warp, warps per row group) of the one-token quantized matvec, as measured best on an H200
+    (scripts/gpu_check.py's sweep): 4 rows a warp for wide layers, 2 below 4096 rows; then enough warps per
+    row group for ~8192 warps in flight, keeping >= 2 items a lane (>= 1 for narrow layers)."""
+    if rpw is None:
+        rpw = 4 if n_out >= 4096 else 2
+    groups = -(-n_out // rpw)
+    per_lane = 1 if groups < 1024 else 2
+    wpr = 1
+    while wpr < MV_WARPS and groups * wpr < 8192 and items_per_row >= 32 * per_lane * wpr * 2:
+        wpr *= 2
+    return rpw, wpr
+
+
+def _matvec(k: GpuKernel, w_raw, x, y, n_in: int, wpr: int | None, rpw: int | None = None) -> None:
+    n_tok = x.shape[0]
+    n_out = w_raw.shape[0]
+    if k.is_float:
+        nt = 1 if n_tok == 1 else 2 if n_tok == 2 else 4 if n_tok <= 4 else 8
+        name, rpw, items = f"matvec_{k.suffix}_{nt}", 1, n_in // 8
+        auto_wpr = 1  # float rows: as measured (2.6 - 3.7 TB/s), up to 16384 warps, >= 2 chunks a lane
+        while auto_wpr < MV_WARPS and n_out * auto_wpr < 16384 and items >= 64 * auto_wpr:
+            auto_wpr *= 2
+    else:
+        items = n_in // k.block_size * k.parts
+        if n_tok == 1:
+            rpw, auto_wpr = matvec_config(n_out, items, rpw)
+            if rpw not in (1, 2, 4):
+                raise ValueError(f"rpw must be 1, 2 or 4, found {rpw}")
+            name = f"matvec_{k.suffix}_1r{rpw}"
+        elif n_tok == 2:
+            name, rpw = f"matvec_{k.suffix}_2", 2
+            auto_wpr = matvec_config(n_out, items, 2)[1]
+        else:
+            name, rpw = f"matvec_{k.suffix}_{4 if n_tok <= 4 else 8}", 1
+            auto_wpr = matvec_config(n_out, items, 1)[1]
+    fn = get_kernel(k.module, name)
+    n_groups = -(-n_out // rpw)
+    wpr = auto_wpr if wpr is None else wpr
+    if wpr not in (1, 2, 4, 8):
+        raise ValueError(f"wpr must be 1, 2, 4 or 8, found {wpr}")
+    per_cta = MV_WARPS // wpr  # row groups per CTA
+    grid = (-(-n_groups // per_cta),)
+    i32 = np.int32
+    if k.is_float:
+        vec = (n_in * k.type_size) % 16 == 0 and w_raw.data.ptr % 16 == 0
+        fn(grid, (256,), (w_raw, x, y, i32(n_out), i32(n_in), i32(n_tok), i32(wpr), i32(vec)))
+    else:
+        fn(grid, (256,), (w_raw, x, y, i32(n_out), i32(n_in // k.block_size), i32(n_tok), i32(wpr)))
+
+
+def dequantize(w_raw, type_name, rows=None, dtype=np.float32, out=None):
+    """Dequantize rows of W on the GPU: rows (cupy int32 (n,)) or all -> (n, n_in) float32 (or float16)."""
+    import cupy  # noqa: PLC0415
+
+    k = gpu_kernel(type_name)
+    _check("w_raw", w_raw, np.uint8, (2,))
+    if w_raw.data.ptr % k.align:
+        raise ValueError(f"w_raw of {type_name} must be {k.align}-byte aligned on the device")
+    n_all, row_bytes = w_raw.shape
+    n_in = row_bytes // k.type_size * k.block_size
+    n = n_all if rows is None else int(rows.shape[0])
+    dtype = np.dtype(dtype)
+    if dtype == np.float16 and k.is_float:
+        raise ValueError("fp16 dequantization is for quantized types (F16 rows are fp16 already)")
+    if out is None:
+        out = cupy.empty((n, n_in), dtype=dtype)
+    if n == 0:
+        return out
+    rows_arg = np.uint64(0) if rows is None else cupy.ascontiguousarray(rows, dtype=cupy.int32)
+    if k.is_float:
+        fn = get_kernel(k.module, f"dequant_f32_{k.suffix}")
+        total = n * n_in
+        fn(((total + 255) // 256,), (256,), (w_raw, rows_arg, out, np.int32(n), np.int32(n_in)))
+    else:
+        fn = get_kernel(k.module, f"dequant_{'f16' if dtype == np.float16 else 'f32'}_{k.suffix}")
+        n_blocks = n_in // k.block_size
+        total = n * n_blocks * k.parts
+        fn(((total + 255) // 256,), (256,), (w_raw, rows_arg, out, np.int32(n), np.int32(n_blocks)))
+    return out
+
+
+def _gemm_ex(a, a_type: int, b, b_type: int, c, m: int, n: int, kk: int, ldc: int) -> None:
+    """Column-major C (m x n, ldc) = A^T (A: kk x m, lda kk) . B (kk x n, ldb kk), fp32 accumulate, fp32 C.
+
+    With row-major W (m, kk), X (n, kk), Y (n, ldc): Y[:, :m] = X @ W.T.
+    """
+    import cupy  # noqa: PLC0415
+    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+    try:
+        cublas.gemmEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, m, n, kk,
+                      one.ctypes.data, a.data.ptr, a_type, kk, b.data.ptr, b_type, kk,
+                      zero.ctypes.data, c, cupy.cuda.runtime.CUDA_R_32F, ldc,
+                      cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+    finally:
+        cublas.setPointerMode(handle, mode)
+
+
+def _gemm(k: GpuKernel, w_raw, x, y, n_in: int) -> None:
+    import cupy  # noqa: PLC0415
+
+    r16, r32 = cupy.cuda.runtime.CUDA_R_16F, cupy.cuda.runtime.CUDA_R_32F
+    n_out = w_raw.shape[0]
+    n_tok = x.shape[0]
+    if k.name == "F32":
+        _gemm_ex(w_raw, r32, x, r32, y.data.ptr, n_out, n_tok, n_in, n_out)
+        return
+    x16 = x.astype(cupy.float16) if k.name != "BF16" else None
+    if k.name == "F16":
+        _gemm_ex(w_raw, r16, x16, r16, y.data.ptr, n_out, n_tok, n_in, n_out)
+        return
+    rows = max(128, GEMM_CHUNK_ELEMENTS // n_in // 128 * 128)
+    for r0 in range(0, n_out, rows):
+        r1 = min(n_out, r0 + rows)
+        if k.name == "BF16":
+            wc = dequantize(w_raw[r0:r1], k.name, dtype=np.float32)
+            _gemm_ex(wc, r32, x, r32, y.data.ptr + 4 * r0, r1 - r0, n_tok, n_in, n_out)
+        else:
+            wc = dequantize(w_raw[r0:r1], k.name, dtype=np.float16)
+            _gemm_ex(wc, r16, x16, r16, y.data.ptr + 4 * r0, r1 - r0, n_tok, n_in, n_out)

@@ -1,0 +1,85 @@
+// ops.cu: RMS norm (rows and per-head), RoPE (NORM and NEOX), GLU (silu / gelu-tanh) and scale, float32.
+// Formulas follow ggml: rms_norm then mul by the weight; rope theta = p * freq_scale * theta_scale^i with
+// theta_scale = freq_base^(-2/n_rot) (as ggml-cuda's rope); ggml_gelu's tanh approximation.
+
+// sum over the blockDim.x threads of one row (blockDim.x == 32, or blockDim.y == 1 when blockDim.x > 32)
+__device__ __forceinline__ float row_sum(float s) {
+    s = warp_sum(s);
+    if (blockDim.x == WARP) return s;
+    __shared__ float red[32];
+    __shared__ float total;
+    const int w = threadIdx.x >> 5;
+    if ((threadIdx.x & 31) == 0) red[w] = s;
+    __syncthreads();
+    if (threadIdx.x < WARP) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? red[threadIdx.x] : 0.0f;
+        v = warp_sum(v);
+        if (threadIdx.x == 0) total = v;
+    }
+    __syncthreads();
+    return total;
+}
+
+// x (n_rows, n) -> out (n_rows, n) = x / sqrt(mean(x^2) + eps) * w (w may be null); out may be x.
+// Rows are (blockIdx.x * blockDim.y + threadIdx.y), blockDim.x threads a row.
+extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict__ w, float* out, int n_rows, int n,
+                                        float eps) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    const bool valid = row < n_rows;
+    const float* xr = x + (size_t)(valid ? row : 0) * n;
+    float s = 0.0f;
+    if (valid)
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            const float v = xr[j];
+            s += v * v;
+        }
+    s = row_sum(s);
+    if (!valid) return;
+    const float scale = 1.0f / sqrtf(s / (float)n + eps);
+    float* orow = out + (size_t)row * n;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const float v = xr[j] * scale;
+        orow[j] = w ? v * w[j] : v;
+    }
+}
+
+// In place: x (n_tok, n_head, head_dim); pair i < n_rot / 2 of head h of token t, one thread each.
+// NORM rotates (x[2i], x[2i+1]), NEOX (x[i], x[i + n_rot/2]); dims >= n_rot are left as they are.
+extern "C" __global__ void rope_f32(float* x, const i32* __restrict__ pos, int n_tok, int n_head, int head_dim,
+                                    int n_rot, float theta_scale, float freq_scale, int neox) {
+    const int half = n_rot >> 1;
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)n_tok * n_head * half) return;
+    const int i = (int)(idx % half);
+    const long long th = idx / half;
+    const int t = (int)(th / n_head);
+    float* xr = x + th * head_dim;
+    const float theta = freq_scale * ((float)pos[t] * powf(theta_scale, (float)i));
+    float sn, cs;
+    sincosf(theta, &sn, &cs);
+    const int i0 = neox ? i : 2 * i;
+    const int i1 = neox ? i + half : 2 * i + 1;
+    const float x0 = xr[i0], x1 = xr[i1];
+    xr[i0] = x0 * cs - x1 * sn;
+    xr[i1] = x0 * sn + x1 * cs;
+}
+
+// out = act(gate) * up; act 0 = silu, 1 = gelu (tanh approximation, ggml_gelu)
+extern "C" __global__ void glu_f32(const float* __restrict__ gate, const float* __restrict__ up, float* out,
+                                   long long n, int act) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        float a;
+        if (act == 0) {
+            a = g / (1.0f + expf(-g));
+        } else {
+            a = 0.5f * g * (1.0f + tanhf(0.79788456080286535587989211986876f * g * (1.0f + 0.044715f * g * g)));
+        }
+        out[i] = a * up[i];
+    }
+}
+
+extern "C" __global__ void scale_f32(const float* __restrict__ x, float* out, long long n, float s) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = x[i] * s;
+}

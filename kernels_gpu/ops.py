@@ -1,0 +1,125 @@
+"""Launchers of ops.cu: rms_norm (rows, per head), rope (NORM / NEOX), glu (silu / gelu), scale; cupy float32."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .module import get_kernel
+
+ROPE_MODES = {"norm": 0, "neox": 1}
+GLU_ACTS = {"silu": 0, "gelu": 1}
+
+
+def _f32(name: str, x, ndim: int | None = None):
+    import cupy  # noqa: PLC0415
+
+    if not isinstance(x, cupy.ndarray):
+        raise ValueError(f"{name}: expected a cupy array, got {type(x).__name__}")
+    if x.dtype != np.float32:
+        raise ValueError(f"{name}: expected float32, found {x.dtype}")
+    if ndim is not None and x.ndim != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, found shape {x.shape}")
+    return cupy.ascontiguousarray(x)
+
+
+def _rms_rows(x2, w, eps: float, out2) -> None:
+    n_rows, n = x2.shape
+    if n_rows == 0 or n == 0:
+        return
+    fn = get_kernel("ops", "rms_norm_f32")
+    w_arg = np.uint64(0) if w is None else w
+    if n >= 1024:  # a CTA (256 threads) per row
+        fn((n_rows,), (256, 1), (x2, w_arg, out2, np.int32(n_rows), np.int32(n), np.float32(eps)))
+    else:  # a warp per row, 8 rows per CTA
+        fn(((n_rows + 7) // 8,), (32, 8), (x2, w_arg, out2, np.int32(n_rows), np.int32(n), np.float32(eps)))
+
+
+def _weight(w, n: int, name: str):
+    import cupy  # noqa: PLC0415
+
+    if w is None:
+        return None
+    if not isinstance(w, cupy.ndarray):
+        w = cupy.asarray(np.ascontiguousarray(w, dtype=np.float32))  # a host weight (not uploaded): copy it
+    w = cupy.ascontiguousarray(w, dtype=cupy.float32).reshape(-1)
+    if w.shape[0] != n:
+        raise ValueError(f"{name}: weight must have {n} values, found {w.shape[0]}")
+    return w
+
+
+def rms_norm(x, w, eps: float, out=None):
+    """x (n_tok, n) f32, w (n,) f32 or None -> x / sqrt(mean(x^2) + eps) * w, (n_tok, n); out may be x."""
+    import cupy  # noqa: PLC0415
+
+    x = _f32("rms_norm", x, 2)
+    w = _weight(w, x.shape[1], "rms_norm")
+    out = cupy.empty_like(x) if out is None else out
+    _rms_rows(x, w, eps, out)
+    return out
+
+
+def rms_norm_heads(x, w, eps: float, out=None):
+    """QK-norm: x (n_tok, n_head, head_dim) f32, w (head_dim,) -> each head's row normed, same shape."""
+    import cupy  # noqa: PLC0415
+
+    x = _f32("rms_norm_heads", x, 3)
+    n_tok, n_head, hd = x.shape
+    w = _weight(w, hd, "rms_norm_heads")
+    out = cupy.empty_like(x) if out is None else out
+    _rms_rows(x.reshape(n_tok * n_head, hd), w, eps, out.reshape(n_tok * n_head, hd))
+    return out
+
+
+def rope(x, positions, n_rot: int, freq_base: float, freq_scale: float = 1.0, mode: str = "norm"):
+    """In place on a contiguous x (n_tok, n_head, head_dim) f32 (copied first if not contiguous); positions:
+    cupy int32 (n_tok,). theta_i = p * freq_scale * freq_base^(-2i/n_rot). Returns the rotated array."""
+    import cupy  # noqa: PLC0415
+
+    if mode not in ROPE_MODES:
+        raise ValueError(f"rope: mode must be one of {sorted(ROPE_MODES)}, found {mode!r}")
+    x = _f32("rope", x, 3)
+    n_tok, n_head, hd = x.shape
+    if n_rot % 2 or not 0 < n_rot <= hd:
+        raise ValueError(f"rope: n_rot must be even and in (0, {hd}], found {n_rot}")
+    if not isinstance(positions, cupy.ndarray) or positions.dtype != cupy.int32 or positions.shape != (n_tok,):
+        raise ValueError(f"rope: positions must be a cupy int32 array of shape ({n_tok},)")
+    total = n_tok * n_head * (n_rot // 2)
+    if total == 0:
+        return x
+    theta_scale = np.float32(np.power(np.float32(freq_base), np.float32(-2.0) / np.float32(n_rot)))
+    fn = get_kernel("ops", "rope_f32")
+    fn(((total + 255) // 256,), (256,), (x, positions, np.int32(n_tok), np.int32(n_head), np.int32(hd),
+                                        np.int32(n_rot), theta_scale, np.float32(freq_scale),
+                                        np.int32(ROPE_MODES[mode])))
+    return x
+
+
+def _grid(n: int) -> tuple[int]:
+    return (max(1, min((n + 255) // 256, 132 * 16)),)
+
+
+def glu(gate, up, act: str = "silu", out=None):
+    """act(gate) * up, f32, any shape (gate and up alike); act "silu" or "gelu" (tanh approximation)."""
+    import cupy  # noqa: PLC0415
+
+    if act not in GLU_ACTS:
+        raise ValueError(f"glu: act must be one of {sorted(GLU_ACTS)}, found {act!r}")
+    gate, up = _f32("glu gate", gate), _f32("glu up", up)
+    if gate.shape != up.shape:
+        raise ValueError(f"glu: gate and up must have one shape, found {gate.shape} and {up.shape}")
+    out = cupy.empty_like(gate) if out is None else out
+    if gate.size:
+        get_kernel("ops", "glu_f32")(_grid(gate.size), (256,), (gate, up, out, np.int64(gate.size),
+                                                                np.int32(GLU_ACTS[act])))
+    return out
+
+
+def scale(x, s: float, out=None):
+    """x * s, f32, any shape."""
+    import cupy  # noqa: PLC0415
+
+    x = _f32("scale", x)
+    out = cupy.empty_like(x) if out is None else out
+    if x.size:
+        get_kernel("ops", "scale_f32")(_grid(x.size), (256,), (x, out, np.int64(x.size), np.float32(s)))
+    return out

@@ -1,0 +1,479 @@
+"""GPU kernels (kernels_gpu) and GpuBackend vs float64 numpy references and vs the CPU backend.
+
+Every test needs a CUDA device through CuPy (marked `gpu`, skipped elsewhere by conftest.py).
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from gguf_io.quantize_ref import quantize_q4_0, quantize_q8_0  # noqa: E402
+from gguf_io.quants import QUANTS  # noqa: E402
+from kernels_gpu import GPU_KERNELS  # noqa: E402
+from kernels_gpu import ops  # noqa: E402
+from kernels_gpu.attention import attention  # noqa: E402
+from kernels_gpu.kv_cache import alloc_kv_layer, kv_store  # noqa: E402
+from kernels_gpu.matmul import dequantize, matmul  # noqa: E402
+from kernels_gpu.module import MODULES, compile_all  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+# named tolerances: normalized mean squared error vs float64
+NMSE_MATVEC = 1e-9  # f32 activations, weights dequantized exactly in registers, f32 accumulation
+NMSE_GEMM_F32 = 1e-9  # F32 / BF16 weights: fp32 cuBLAS GEMM
+NMSE_GEMM_F16 = 1e-5  # quantized / F16 weights: fp16 weights and activations, fp32 accumulation
+NMSE_DEQUANT = 1e-13  # dequantized values (FMA contraction may move the last bit)
+NMSE_NORM = 1e-12
+NMSE_ROPE_SMALL_POS = 5e-8  # float32 angles vs exact float64 angles, positions < 512
+NMSE_ROPE_BIG_POS = 1e-5  # near position 30000
+NMSE_ACT = 1e-12
+NMSE_ATTN = 1e-9  # vs float64 attention over the values the cache holds
+NMSE_VS_CPU_QUANT = 5e-4  # GPU (f32 activations) vs CPU (q8 activations) matmul on quantized weights
+NMSE_VS_CPU = 1e-8
+NMSE_ENGINE_VS_CPU_QUANT = 5e-3  # logits after 2 layers: the CPU's q8 activations at every matmul add up (~1e-3)
+NMSE_GELU_VS_CPU = 1e-6  # the CPU's gelu goes through ggml's fp16 table; ours is the float formula (as ggml-cuda)
+
+FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
+               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
+TYPES = list(GPU_KERNELS)
+
+
+def nmse(a, ref) -> float:
+    a, ref = np.asarray(a, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    return float(np.sum((a - ref) ** 2) / max(np.sum(ref ** 2), 1e-300))
+
+
+def random_weight(name: str, n_out: int, n_in: int, rng: np.random.Generator, scale: float = 1.0) -> np.ndarray:
+    """Raw rows (n_out, row_bytes) uint8 with finite, sane scale fields (times `scale`); row 0 all-zero bytes
+    when n_out > 2."""
+    spec = QUANTS[name]
+    n = n_out * n_in // spec.block_size
+    if name == "F32":
+        raw = rng.standard_normal(n).astype(np.float32).view(np.uint8)
+    elif name == "F16":
+        raw = rng.standard_normal(n).astype(np.float16).view(np.uint8)
+    elif name == "BF16":
+        raw = (rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    else:
+        raw = rng.integers(0, 256, size=(n, spec.type_size), dtype=np.uint8)
+        for off, s in zip(FP16_FIELDS[name], (0.05 * scale, 0.02 * scale)):
+            raw[:, off:off + 2] = rng.uniform(-s, s, (n, 1)).astype("<f2").view(np.uint8)
+    raw = np.ascontiguousarray(raw.reshape(n_out, -1))
+    if n_out > 2:
+        raw[0] = 0
+    return raw
+
+
+def ref_matmul(raw: np.ndarray, name: str, x: np.ndarray) -> np.ndarray:
+    w = QUANTS[name].dequantize(raw).astype(np.float64)
+    return x.astype(np.float64) @ w.T
+
+
+def n_in_values(name: str) -> list[int]:
+    bs = QUANTS[name].block_size
+    if bs == 1:
+        return [1, 7, 64, 1000, 1030]
+    return [bs, 3 * bs, 5 * bs] if bs == 256 else [bs, 3 * bs, 40 * bs]
+
+
+# ---------------------------------------------------------------- compilation
+
+def test_every_module_compiles():
+    errors = {name: msg for name, msg in compile_all().items() if msg}
+    assert not errors, "\n\n".join(f"{name}:\n{msg}" for name, msg in errors.items())
+    assert set(compile_all()) == set(MODULES)
+
+
+def test_registry_matches_the_reference_dequantizers():
+    assert set(GPU_KERNELS) == set(QUANTS)
+    for name, k in GPU_KERNELS.items():
+        assert (k.block_size, k.type_size) == (QUANTS[name].block_size, QUANTS[name].type_size)
+
+
+# ---------------------------------------------------------------- matmul
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("n_tok", [1, 2, 3, 8, 11])
+def test_matvec(name, n_tok):
+    rng = np.random.default_rng(zlib.crc32(f"{name}{n_tok}".encode()))
+    for n_out, n_in in [(1, n_in_values(name)[0]), (37, n_in_values(name)[1]), (300, n_in_values(name)[2]),
+                        (1001, n_in_values(name)[-1])]:
+        raw = random_weight(name, n_out, n_in, rng)
+        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+        out = cupy.full((n_tok, n_out), np.nan, dtype=cupy.float32)  # poison: every output must be written
+        y = matmul(cupy.asarray(raw), name, cupy.asarray(x), out=out, path="matvec").get()
+        assert np.isfinite(y).all(), (name, n_out, n_in)
+        assert nmse(y, ref_matmul(raw, name, x)) < NMSE_MATVEC, (name, n_out, n_in)
+        if n_out > 2:
+            assert not y[:, 0].any()  # the all-zero row
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("wpr", [1, 2, 4, 8])
+def test_matvec_warps_per_row(name, wpr):
+    rng = np.random.default_rng(7 + wpr)
+    n_in = n_in_values(name)[-1]
+    raw = random_weight(name, 45, n_in, rng)
+    for n_tok, rpws in ((1, (1, 2, 4)), (2, (None,)), (4, (None,)), (7, (None,))):
+        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+        for rpw in rpws:
+            y = matmul(cupy.asarray(raw), name, cupy.asarray(x), path="matvec", wpr=wpr, rpw=rpw).get()
+            assert nmse(y, ref_matmul(raw, name, x)) < NMSE_MATVEC, (n_tok, rpw)
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("n_tok", [16, 64])
+def test_gemm(name, n_tok):
+    rng = np.random.default_rng(zlib.crc32(f"gemm{name}{n_tok}".encode()))
+    for n_out, n_in in [(37, n_in_values(name)[1]), (300, n_in_values(name)[-1])]:
+        raw = random_weight(name, n_out, n_in, rng)
+        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+        out = cupy.full((n_tok, n_out), np.nan, dtype=cupy.float32)
+        y = matmul(cupy.asarray(raw), name, cupy.asarray(x), out=out, path="gemm").get()
+        assert np.isfinite(y).all()
+        tol = NMSE_GEMM_F32 if name in ("F32", "BF16") else NMSE_GEMM_F16
+        assert nmse(y, ref_matmul(raw, name, x)) < tol, (name, n_out, n_in)
+
+
+def test_matmul_1d_auto_and_checks():
+    rng = np.random.default_rng(3)
+    raw = random_weight("Q4_K", 64, 512, rng)
+    x = rng.standard_normal(512).astype(np.float32)
+    y = matmul(cupy.asarray(raw), "Q4_K", cupy.asarray(x))
+    assert y.shape == (64,)
+    assert nmse(y.get(), ref_matmul(raw, "Q4_K", x[None])[0]) < NMSE_MATVEC
+    with pytest.raises(ValueError):
+        matmul(cupy.asarray(raw), "Q4_K", cupy.asarray(x[:256]))
+    with pytest.raises(ValueError):
+        matmul(raw, "Q4_K", cupy.asarray(x))  # host weight
+    from gguf_io.errors import UnsupportedQuantType
+
+    with pytest.raises(UnsupportedQuantType):
+        matmul(cupy.asarray(raw), "Q9_9", cupy.asarray(x))
+
+
+def test_expert_slices():
+    rng = np.random.default_rng(5)
+    raw = np.stack([random_weight("Q4_K", 40, 512, rng) for _ in range(3)])  # (n_expert, out, row_bytes)
+    dev = cupy.asarray(raw)
+    x = rng.standard_normal((2, 512)).astype(np.float32)
+    for e in range(3):
+        y = matmul(dev[e], "Q4_K", cupy.asarray(x)).get()
+        assert nmse(y, ref_matmul(raw[e], "Q4_K", x)) < NMSE_MATVEC
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_dequantize_rows(name):
+    rng = np.random.default_rng(11)
+    raw = random_weight(name, 50, n_in_values(name)[1], rng)
+    ids = np.array([3, 0, 49, 3, 17], dtype=np.int32)
+    got = dequantize(cupy.asarray(raw), name, rows=cupy.asarray(ids)).get()
+    ref = QUANTS[name].dequantize(raw[ids])
+    assert got.shape == ref.shape and np.isfinite(got).all()
+    assert nmse(got, ref) < NMSE_DEQUANT
+    if not GPU_KERNELS[name].is_float:
+        h = dequantize(cupy.asarray(raw), name, dtype=np.float16).get()
+        np.testing.assert_allclose(h.astype(np.float32), QUANTS[name].dequantize(raw), rtol=1e-3, atol=1e-6)
+
+
+# ---------------------------------------------------------------- ops
+
+def ref_rms(x, w, eps):
+    x = x.astype(np.float64)
+    y = x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y if w is None else y * w.astype(np.float64)
+
+
+@pytest.mark.parametrize("n_tok,n", [(1, 32), (7, 33), (3, 4096), (2, 1), (9, 1024), (1, 5120)])
+@pytest.mark.parametrize("with_w", [True, False])
+def test_rms_norm(n_tok, n, with_w):
+    rng = np.random.default_rng(n_tok * 1000 + n)
+    x = (rng.standard_normal((n_tok, n)) * 3).astype(np.float32)
+    w = rng.standard_normal(n).astype(np.float32) if with_w else None
+    y = ops.rms_norm(cupy.asarray(x), None if w is None else cupy.asarray(w), 1e-6).get()
+    assert np.isfinite(y).all() and nmse(y, ref_rms(x, w, 1e-6)) < NMSE_NORM
+
+
+def test_rms_norm_heads():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((5, 8, 128)).astype(np.float32)
+    w = rng.standard_normal(128).astype(np.float32)
+    y = ops.rms_norm_heads(cupy.asarray(x), w, 1e-6).get()  # a host weight works too
+    assert nmse(y, ref_rms(x, w, 1e-6)) < NMSE_NORM
+
+
+def ref_rope(x, pos, n_rot, base, fscale, mode):
+    x = x.astype(np.float64)
+    out = x.copy()
+    half = n_rot // 2
+    i = np.arange(half)
+    theta = pos[:, None].astype(np.float64) * fscale * base ** (-2.0 * i / n_rot)  # (n_tok, half)
+    c, s = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    i0, i1 = (i, i + half) if mode == "neox" else (2 * i, 2 * i + 1)
+    out[:, :, i0] = x[:, :, i0] * c - x[:, :, i1] * s
+    out[:, :, i1] = x[:, :, i0] * s + x[:, :, i1] * c
+    return out
+
+
+@pytest.mark.parametrize("mode", ["norm", "neox"])
+@pytest.mark.parametrize("hd,n_rot", [(64, 64), (128, 128), (128, 64), (256, 256)])
+@pytest.mark.parametrize("fscale", [1.0, 0.25])
+def test_rope(mode, hd, n_rot, fscale):
+    rng = np.random.default_rng(hd + n_rot)
+    x = rng.standard_normal((6, 4, hd)).astype(np.float32)
+    pos = np.array([0, 1, 2, 100, 300, 511], dtype=np.int32)
+    y = ops.rope(cupy.asarray(x), cupy.asarray(pos), n_rot, 10000.0, fscale, mode).get()
+    assert nmse(y, ref_rope(x, pos, n_rot, 10000.0, fscale, mode)) < NMSE_ROPE_SMALL_POS
+    np.testing.assert_array_equal(y[:, :, n_rot:], x[:, :, n_rot:])
+    pos_big = np.array([29990, 30000, 30001, 31000, 32000, 32767], dtype=np.int32)
+    y = ops.rope(cupy.asarray(x), cupy.asarray(pos_big), n_rot, 1e6, fscale, mode).get()
+    assert nmse(y, ref_rope(x, pos_big, n_rot, 1e6, fscale, mode)) < NMSE_ROPE_BIG_POS
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+def test_glu(act):
+    rng = np.random.default_rng(2)
+    g = (rng.standard_normal((3, 1000)) * 4).astype(np.float32)
+    u = rng.standard_normal((3, 1000)).astype(np.float32)
+    g64 = g.astype(np.float64)
+    if act == "silu":
+        a = g64 / (1 + np.exp(-g64))
+    else:
+        a = 0.5 * g64 * (1 + np.tanh(np.sqrt(2 / np.pi) * g64 * (1 + 0.044715 * g64 * g64)))
+    y = ops.glu(cupy.asarray(g), cupy.asarray(u), act).get()
+    assert nmse(y, a * u) < NMSE_ACT
+
+
+def test_scale():
+    x = np.random.default_rng(4).standard_normal((3, 77)).astype(np.float32)
+    np.testing.assert_array_equal(ops.scale(cupy.asarray(x), 0.125).get(), x * np.float32(0.125))
+
+
+# ---------------------------------------------------------------- KV cache and attention
+
+def _ref_rows(raw: np.ndarray, type_name: str, hd: int) -> np.ndarray:
+    """Cache bytes (n, n_head_kv, row_bytes) -> the float64 values they hold (n, n_head_kv, hd)."""
+    if type_name == "f32":
+        v = raw.view(np.float32)
+    elif type_name == "f16":
+        v = raw.view(np.float16)
+    else:
+        v = QUANTS[type_name.upper()].dequantize(raw)
+    return v.astype(np.float64).reshape(raw.shape[0], raw.shape[1], hd)
+
+
+@pytest.mark.parametrize("type_name", ["f32", "f16", "q8_0", "q4_0"])
+def test_kv_store_matches_ggml_reference(type_name):
+    rng = np.random.default_rng(9)
+    n_ctx, n_kv, hd = 20, 3, 64
+    layer = alloc_kv_layer(n_ctx, n_kv, hd, hd, type_name, type_name)
+    k = (rng.standard_normal((5, n_kv, hd)) * 2).astype(np.float32)
+    v = rng.standard_normal((5, n_kv, hd)).astype(np.float32)
+    k[0, 0, :32] = 0  # an all-zero block
+    k[1, 1, :32] = -1.5  # ties in |x|
+    pos = np.array([4, 0, 19, 7, 8], dtype=np.int32)
+    kv_store(layer, cupy.asarray(pos), cupy.asarray(k), cupy.asarray(v))
+    enc = {"f32": lambda a: a.view(np.uint8), "f16": lambda a: a.astype(np.float16).view(np.uint8),
+           "q8_0": quantize_q8_0, "q4_0": quantize_q4_0}[type_name]
+    got_k, got_v = layer.k.get(), layer.v.get()
+    for t, p in enumerate(pos):
+        np.testing.assert_array_equal(got_k[p], enc(k[t]).reshape(n_kv, -1))
+        np.testing.assert_array_equal(got_v[p], enc(v[t]).reshape(n_kv, -1))
+    untouched = np.setdiff1d(np.arange(n_ctx), pos)
+    assert not got_k[untouched].any()
+
+
+def ref_attention(q, kv_k, kv_v, pos, scale, n_swa):
+    """float64: q (n, H, d), cache values (n_ctx, Hkv, d) -> (n, H, d)."""
+    n, H, d = q.shape
+    g = H // kv_k.shape[1]
+    out = np.zeros((n, H, d))
+    for t in range(n):
+        p = int(pos[t])
+        c = np.arange(p + 1)
+        if n_swa > 0:
+            c = c[p - c < n_swa]
+        for h in range(H):
+            kk, vv = kv_k[c, h // g], kv_v[c, h // g]
+            s = (kk @ q[t, h].astype(np.float64)) * scale
+            w = np.exp(s - s.max())
+            out[t, h] = (w / w.sum()) @ vv
+    return out
+
+
+def _attention_case(type_k, type_v, hd, n_head, n_head_kv, pos, n_swa, rng, n_ctx=None):
+    n_ctx = n_ctx or int(pos.max()) + 8
+    layer = alloc_kv_layer(n_ctx, n_head_kv, hd, hd, type_k, type_v)
+    k = rng.standard_normal((n_ctx, n_head_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_ctx, n_head_kv, hd)).astype(np.float32)
+    kv_store(layer, cupy.arange(n_ctx, dtype=cupy.int32), cupy.asarray(k), cupy.asarray(v))
+    q = rng.standard_normal((len(pos), n_head, hd)).astype(np.float32)
+    scale = 1.0 / np.sqrt(hd)
+    out = cupy.full((len(pos), n_head, hd), np.nan, dtype=cupy.float32)
+    y = attention(cupy.asarray(q), layer, cupy.asarray(pos), int(pos.max()) + 1, scale, n_swa, out=out).get()
+    ref = ref_attention(q, _ref_rows(layer.k.get(), type_k, hd), _ref_rows(layer.v.get(), type_v, hd), pos,
+                        scale, n_swa)
+    assert np.isfinite(y).all()
+    return nmse(y, ref)
+
+
+KV_PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("f32", "f32"), ("q8_0", "f16")]
+
+
+@pytest.mark.parametrize("type_k,type_v", KV_PAIRS)
+@pytest.mark.parametrize("hd", [64, 128, 256])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_attention(type_k, type_v, hd, group):
+    rng = np.random.default_rng(hd * 10 + group)
+    n_head_kv = 2
+    n_head = n_head_kv * group
+    decode = np.array([700], dtype=np.int32)  # one query, many splits
+    prefill = np.arange(0, 37, dtype=np.int32)  # a batch from position 0
+    chunk = np.arange(300, 333, dtype=np.int32)  # a batch after earlier cells
+    for pos, n_swa in ((decode, 0), (prefill, 0), (chunk, 0), (chunk, 50), (decode, 100)):
+        err = _attention_case(type_k, type_v, hd, n_head, n_head_kv, pos, n_swa, rng)
+        assert err < NMSE_ATTN, (pos[0], len(pos), n_swa, err)
+
+
+@pytest.mark.parametrize("hd,n_head,n_head_kv", [(32, 4, 1), (96, 14, 2), (192, 16, 1), (128, 28, 4), (128, 64, 4)])
+def test_attention_odd_groups_and_dims(hd, n_head, n_head_kv):
+    rng = np.random.default_rng(hd + n_head)
+    for pos, n_swa in ((np.array([129], dtype=np.int32), 0), (np.arange(5, 25, dtype=np.int32), 7)):
+        assert _attention_case("f16", "q8_0", hd, n_head, n_head_kv, pos, n_swa, rng) < NMSE_ATTN
+
+
+# ---------------------------------------------------------------- GpuBackend vs CpuBackend
+
+@pytest.fixture(scope="module")
+def backends():
+    pytest.importorskip("numba")  # the CPU backend's kernels
+    from hybrid.backend_cpu import CpuBackend
+    from hybrid.backend_gpu import GpuBackend
+
+    return CpuBackend(), GpuBackend()
+
+
+@pytest.mark.parametrize("name", ["F32", "F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("n_tok", [1, 5, 40])
+def test_backend_matmul_vs_cpu(backends, name, n_tok):
+    from hybrid.weights import Weight
+
+    cpu, gpu = backends
+    rng = np.random.default_rng(17)
+    raw = random_weight(name, 96, 512, rng)
+    w = Weight("w", name, (96, 512), raw)
+    x = rng.standard_normal((n_tok, 512)).astype(np.float32)
+    y_cpu = cpu.matmul(w, x)
+    y_gpu = gpu.to_host(gpu.matmul(gpu.upload(w), gpu.from_host(x)))
+    tol = NMSE_VS_CPU if name == "F32" else NMSE_VS_CPU_QUANT
+    assert nmse(y_gpu, y_cpu) < tol
+
+
+def test_backend_ops_vs_cpu(backends):
+    cpu, gpu = backends
+    rng = np.random.default_rng(23)
+    x = rng.standard_normal((7, 256)).astype(np.float32)
+    w = rng.standard_normal(256).astype(np.float32)
+    assert nmse(gpu.to_host(gpu.rms_norm(gpu.from_host(x), w, 1e-5)), cpu.rms_norm(x, w, 1e-5)) < NMSE_VS_CPU
+    h = x.reshape(7, 2, 128)
+    pos = np.arange(40, 47, dtype=np.int32)
+    assert nmse(gpu.to_host(gpu.rms_norm_heads(gpu.from_host(h), w[:128], 1e-5)),
+                cpu.rms_norm_heads(h, w[:128], 1e-5)) < NMSE_VS_CPU
+    for mode in ("norm", "neox"):
+        assert nmse(gpu.to_host(gpu.rope(gpu.from_host(h), pos, 128, 10000.0, 1.0, mode)),
+                    cpu.rope(h.copy(), pos, 128, 10000.0, 1.0, mode)) < NMSE_VS_CPU
+    for act, tol in (("silu", NMSE_VS_CPU), ("gelu", NMSE_GELU_VS_CPU)):
+        assert nmse(gpu.to_host(gpu.glu(gpu.from_host(x), gpu.from_host(w[None] * x), act)),
+                    cpu.glu(x, w[None] * x, act)) < tol
+    assert nmse(gpu.to_host(gpu.scale(gpu.from_host(x), 0.3)), cpu.scale(x, 0.3)) < NMSE_VS_CPU
+
+
+@pytest.mark.parametrize("type_kv", ["f16", "q8_0", "q4_0", "f32"])
+def test_backend_attention_vs_cpu(backends, type_kv):
+    from types import SimpleNamespace
+
+    cpu, gpu = backends
+    rng = np.random.default_rng(29)
+    n_head, n_head_kv, hd, n_ctx = 8, 2, 128, 64
+    kv_c = SimpleNamespace(layers=[cpu.new_kv_layer(n_ctx, n_head_kv, hd, hd, type_kv, type_kv)])
+    kv_g = SimpleNamespace(layers=[gpu.new_kv_layer(n_ctx, n_head_kv, hd, hd, type_kv, type_kv)])
+    for pos in (np.arange(0, 20, dtype=np.int32), np.array([20], dtype=np.int32), np.arange(21, 30, dtype=np.int32)):
+        k = rng.standard_normal((len(pos), n_head_kv, hd)).astype(np.float32)
+        v = rng.standard_normal((len(pos), n_head_kv, hd)).astype(np.float32)
+        q = rng.standard_normal((len(pos), n_head, hd)).astype(np.float32)
+        cpu.kv_store(kv_c, 0, k, v, pos)
+        gpu.kv_store(kv_g, 0, gpu.from_host(k), gpu.from_host(v), pos)
+        np.testing.assert_array_equal(gpu.to_host(kv_g.layers[0].k), kv_c.layers[0].k)
+        np.testing.assert_array_equal(gpu.to_host(kv_g.layers[0].v), kv_c.layers[0].v)
+        for n_swa in (0, 8):
+            y_c = cpu.attention(q, kv_c, 0, pos, 0.088, n_swa)
+            y_g = gpu.to_host(gpu.attention(gpu.from_host(q), kv_g, 0, pos, 0.088, n_swa))
+            assert nmse(y_g, y_c) < NMSE_VS_CPU
+
+
+def test_backend_transfers(backends):
+    _, gpu = backends
+    rng = np.random.default_rng(31)
+    for shape in [(3,), (1000, 1000), (5, 4096)]:  # small (pageable) and staged (pinned) paths
+        x = rng.standard_normal(shape).astype(np.float32)
+        d = gpu.from_host(x)
+        assert isinstance(d, cupy.ndarray) and gpu.from_host(d) is d
+        np.testing.assert_array_equal(gpu.to_host(d), x)
+    big = rng.integers(0, 256, size=(3, 40 << 20), dtype=np.uint8)  # > one staging chunk
+    np.testing.assert_array_equal(gpu._stager.to_device(big).get(), big)
+
+
+@pytest.mark.parametrize("arch,wtype", [("llama", "Q8_0"), ("qwen2", "F32"), ("qwen2", "Q8_0"), ("qwen3", "F32"),
+                                        ("gemma3", "Q4_0"), ("gemma3", "F32")])
+def test_engine_layers_gpu_vs_cpu(tmp_path, arch, wtype):
+    """A tiny synthetic model: all layers on the GPU vs all on the CPU give the same logits."""
+    from gguf_factory import tiny_model, write_gguf
+
+    from hybrid.backend_gpu import GpuBackend
+    from hybrid.engine import Engine
+
+    md, ts = tiny_model(arch, n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, weight_type=wtype)
+    rng = np.random.default_rng(37)
+    ts = [replace(t, data=random_weight(wtype, int(t.ne[1]), int(t.ne[0]), rng, scale=0.1).tobytes())
+          if t.ggml_type == wtype and wtype != "F32" else t for t in ts]  # sane fp16 scales
+    path = write_gguf(tmp_path / f"{arch}.gguf", md, ts)
+    eng = Engine.load(path)
+    try:
+        tokens = [1, 5, 9, 3, 7, 11, 2, 30, 4]
+        ref = eng.eval(tokens, eng.new_cache(64), logits_from=0)
+        gpu = GpuBackend()
+        eng.backends = [gpu] * eng.config.n_layer
+        eng.weights.layers = [{k: gpu.upload(w) for k, w in lw.items()} for lw in eng.weights.layers]
+        cache = eng.new_cache(64)
+        got = np.concatenate([eng.eval(tokens[:6], cache, logits_from=0), eng.eval(tokens[6:], cache, logits_from=0)])
+        tol = NMSE_VS_CPU if wtype == "F32" else NMSE_ENGINE_VS_CPU_QUANT
+        assert np.isfinite(got).all() and nmse(got, ref) < tol
+    finally:
+        eng.close()
+
+
+def test_engine_offload_all_layers(tmp_path):
+    """Engine.load with -ngl all (placement + upload by the engine) agrees with the CPU-only engine."""
+    from gguf_factory import tiny_model, write_gguf
+
+    from hybrid.engine import Engine, EngineParams
+
+    md, ts = tiny_model("qwen3", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, weight_type="F32")
+    path = write_gguf(tmp_path / "q3.gguf", md, ts)
+    tokens = [1, 5, 9, 3, 7, 11, 2, 30, 4]
+    cpu = Engine.load(path, EngineParams(n_ctx=64))
+    gpu = Engine.load(path, EngineParams(n_ctx=64, n_gpu_layers="all"))
+    try:
+        ref = cpu.eval(tokens, cpu.new_cache(), logits_from=0)
+        cache = gpu.new_cache()
+        got = np.concatenate([gpu.eval(tokens[:5], cache, logits_from=0), gpu.eval(tokens[5:], cache, logits_from=0)])
+        assert np.isfinite(got).all() and nmse(got, ref) < NMSE_VS_CPU
+    finally:
+        cpu.close()
+        gpu.close()
