@@ -50,6 +50,17 @@ class CpuBackend:
     def attention(self, q: np.ndarray, kv, il: int, positions: np.ndarray, scale: float, n_swa: int) -> np.ndarray:
         return attention.attention(np.ascontiguousarray(q), kv.layers[il], positions, scale, n_swa)
 
+    def take_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """x[rows] as a contiguous (len(rows), n) array; rows is a host int64 array."""
+        return np.ascontiguousarray(x[rows])
+
+    def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(shape, dtype=np.float32)
+
+    def scatter_add(self, out: np.ndarray, rows: np.ndarray, y: np.ndarray, weights: np.ndarray) -> None:
+        """out[rows] += weights[:, None] * y (rows are distinct)."""
+        out[rows] += weights[:, None] * y
+
     def to_host(self, x):
         return x
 

@@ -49,6 +49,16 @@ class GpuBackend:
             dev = self._stager.to_device(np.asarray(raw))
         return Weight(weight.name, weight.type_name, weight.shape, dev)
 
+    def alloc_like(self, weight: Weight) -> Weight:
+        """An uninitialized device buffer of `weight`'s uploaded size (what `hybrid probe` allocates instead of
+        uploading the real bytes)."""
+        cp = self._cupy
+        raw = weight.raw
+        dtype = cp.float32 if raw.ndim == 1 else cp.uint8
+        shape = raw.shape if raw.ndim == 1 else raw.shape[:-1] + (raw.shape[-1] * raw.dtype.itemsize,)
+        with self.device:
+            return Weight(weight.name, weight.type_name, weight.shape, cp.empty(shape, dtype=dtype))
+
     def _positions(self, positions: np.ndarray):
         """positions (n,) -> cupy int32, re-used while the same positions come back (4 ops per layer use them)."""
         if isinstance(positions, self._cupy.ndarray):
@@ -132,6 +142,18 @@ class GpuBackend:
             raise ValueError(f"attention: positions must be >= 0, found {p.min()}")
         n_kv = int(p.max()) + 1 if p.size else 0
         return attention(self._dev(q), kv.layers[il], self._positions(positions), n_kv, scale, n_swa)
+
+    def take_rows(self, x, rows: np.ndarray):
+        """x[rows] as a contiguous (len(rows), n) cupy array; rows is a host int64 array."""
+        return self._cupy.ascontiguousarray(x[self._cupy.asarray(rows)])
+
+    def zeros(self, shape: tuple[int, ...]):
+        return self._cupy.zeros(shape, dtype=self._cupy.float32)
+
+    def scatter_add(self, out, rows: np.ndarray, y, weights: np.ndarray) -> None:
+        """out[rows] += weights[:, None] * y (rows are distinct)."""
+        cp = self._cupy
+        out[cp.asarray(rows)] += cp.asarray(weights, dtype=cp.float32)[:, None] * y
 
     def to_host(self, x) -> np.ndarray:
         """cupy -> numpy (a numpy array passes through)."""

@@ -78,8 +78,12 @@ class Engine:
 
     @classmethod
     def load(cls, path: str | Path, params: EngineParams = EngineParams(),
-             progress: Callable[[str], None] | None = None) -> "Engine":
-        """Open the GGUF (memory-mapped), check it holds what its architecture needs, and set up the backends."""
+             progress: Callable[[str], None] | None = None, placeholder_weights: bool = False) -> "Engine":
+        """Open the GGUF (memory-mapped), check it holds what its architecture needs, and set up the backends.
+
+        placeholder_weights (for `hybrid probe`): GPU layers get uninitialized buffers of their real sizes instead
+        of an upload, and the plan's own budget check is lifted so the device's allocator decides what fits.
+        """
         for t in (params.type_k, params.type_v):
             if t not in KV_TYPES:
                 raise HybridError(f"unknown KV cache type '{t}': choose one of {', '.join(KV_TYPES)}")
@@ -102,13 +106,13 @@ class Engine:
         engine = cls(f, config, spec, weights, tokenizer, params, [cpu] * config.n_layer, cpu)
         if str(params.n_gpu_layers) not in ("0", ""):
             try:
-                engine._offload(progress)
+                engine._offload(progress, placeholder_weights)
             except BaseException:
                 f.close()
                 raise
         return engine
 
-    def _offload(self, progress: Callable[[str], None] | None) -> None:
+    def _offload(self, progress: Callable[[str], None] | None, placeholder: bool = False) -> None:
         """Plan the split (KV cache first, then the output layer, then layers from the last one backwards) and
         upload the GPU layers' quantized blocks as they are."""
         from .backend_gpu import GpuBackend  # noqa: PLC0415 - CuPy is optional
@@ -119,15 +123,16 @@ class Engine:
         gpu.limit_memory(budget)
         ngl = p.n_gpu_layers if p.n_gpu_layers in ("auto", "all") else int(p.n_gpu_layers)
         # our cache holds n_ctx cells in sliding-window layers too (swa_full)
-        self.placement = plan(cfg, self.gguf.tensors, budget, ngl, p.n_ctx, p.type_k, p.type_v, p.n_ubatch,
-                              p.flash_attn, swa_full=True)
+        self.placement = plan(cfg, self.gguf.tensors, (1 << 62) if placeholder else budget, ngl, p.n_ctx, p.type_k,
+                              p.type_v, p.n_ubatch, p.flash_attn, swa_full=True)
+        upload = gpu.alloc_like if placeholder else gpu.upload
         for lp in self.placement.layers:
             if lp.device == "gpu":
-                self.weights.layers[lp.index] = {k: gpu.upload(w) for k, w in self.weights.layers[lp.index].items()}
+                self.weights.layers[lp.index] = {k: upload(w) for k, w in self.weights.layers[lp.index].items()}
                 self.backends[lp.index] = gpu
         if self.placement.output.device == "gpu":
-            self.weights.output = gpu.upload(self.weights.output)
-            self.weights.output_norm = gpu.upload(self.weights.output_norm)
+            self.weights.output = upload(self.weights.output)
+            self.weights.output_norm = upload(self.weights.output_norm)
             self.output_backend = gpu
         if progress:
             pl = self.placement
@@ -139,7 +144,25 @@ class Engine:
         return next((b for b in [*self.backends, self.output_backend] if isinstance(b, CpuBackend)), CpuBackend())
 
     def close(self) -> None:
+        """Release the mapping and drop every device buffer this engine holds."""
+        self.weights.layers = []
+        self.backends, self.output_backend = [], None
         self.gguf.close()
+
+    def run_gpu_layers(self, cache: KVCache, rng: np.random.Generator, n_tokens: int) -> None:
+        """Run n_tokens random hidden states through the GPU layers and the output layer if it is on the GPU
+        (what `hybrid probe` needs to see the real peak memory; the CPU layers do not touch the VRAM)."""
+        gpu_layers = [il for il, be in enumerate(self.backends) if be is not self._cpu]
+        if not gpu_layers:
+            return
+        be = self.backends[gpu_layers[0]]
+        x = be.from_host(rng.standard_normal((n_tokens, self.config.n_embd)).astype(np.float32))
+        positions = np.arange(cache.n_past, cache.n_past + n_tokens, dtype=np.int32)
+        for il in gpu_layers:
+            x = layer_forward(be, self.spec, self.config, self.weights.layers[il], il, x, positions, cache)
+        if self.output_backend is be:
+            be.matmul(self.weights.output, be.rms_norm(x, self.weights.output_norm.raw, self.config.f_norm_rms_eps))
+        cache.n_past += n_tokens
 
     def new_cache(self, n_ctx: int | None = None) -> KVCache:
         return KVCache.create(self.config, self.backends, n_ctx or self.params.n_ctx,

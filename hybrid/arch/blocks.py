@@ -2,7 +2,8 @@
 
 A backend provides: matmul(Weight, x), get_rows(Weight, ids), rms_norm(x, w, eps), rms_norm_heads(x, w, eps),
 rope(x, positions, n_rot, base, scale, mode), kv_store(kv, il, k, v, positions),
-attention(q, kv, il, positions, scale, n_swa), glu(gate, up, act), scale(x, s).
+attention(q, kv, il, positions, scale, n_swa), glu(gate, up, act), scale(x, s), take_rows(x, rows), zeros(shape),
+scatter_add(out, rows, y, weights), to_host(x), from_host(x).
 """
 
 from __future__ import annotations
@@ -86,14 +87,14 @@ def route(router_logits: np.ndarray, n_used: int, normalize: bool) -> tuple[np.n
 
 def moe_ffn(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], h: np.ndarray) -> np.ndarray:
     """Top-k experts per token; tokens are grouped by expert so each expert's weights are read once per batch."""
-    logits = be.matmul(lw["ffn_gate_inp"], h)  # (n, n_expert)
-    ids, w = route(logits.astype(np.float32), cfg.n_expert_used, spec.moe_norm_weights)
-    out = np.zeros((h.shape[0], cfg.n_embd), dtype=np.float32)
+    logits = be.to_host(be.matmul(lw["ffn_gate_inp"], h))  # (n, n_expert), routed on the host
+    ids, w = route(np.asarray(logits, dtype=np.float32), cfg.n_expert_used, spec.moe_norm_weights)
+    out = be.zeros((h.shape[0], cfg.n_embd))
     for e in np.unique(ids):
         rows, slot = np.nonzero(ids == e)
-        xe = np.ascontiguousarray(h[rows])
-        g = be.matmul(lw["ffn_gate_exps"].expert(e), xe)
-        u = be.matmul(lw["ffn_up_exps"].expert(e), xe)
-        d = be.matmul(lw["ffn_down_exps"].expert(e), be.glu(g, u, spec.ffn_act))
-        out[rows] += w[rows, slot][:, None] * d
+        xe = be.take_rows(h, rows)
+        g = be.matmul(lw["ffn_gate_exps"].expert(int(e)), xe)
+        u = be.matmul(lw["ffn_up_exps"].expert(int(e)), xe)
+        d = be.matmul(lw["ffn_down_exps"].expert(int(e)), be.glu(g, u, spec.ffn_act))
+        be.scatter_add(out, rows, d, w[rows, slot])
     return out

@@ -11,6 +11,7 @@ from .errors import one_line
 from .bench import bench
 from .info import info
 from .perplexity import perplexity
+from .probe import probe
 from .run import chat, run as run_cmd
 from .tokenize import tokenize
 
@@ -31,6 +32,7 @@ app.command(name="run")(run_cmd)
 app.command()(chat)
 app.command()(perplexity)
 app.command()(bench)
+app.command()(probe)
 app.command()(info)
 app.command()(tokenize)
 

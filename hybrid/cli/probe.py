@@ -1,0 +1,141 @@
+"""`hybrid probe`: predict the largest -ngl, measure the real ceiling on the device (bisecting allocation
+attempts), recommend a value with headroom, compare KV cache types, check the rest of the tuning checklist,
+and print the command line to run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gguf_io import ModelConfig
+from hybrid.devices import probe_gpus, probe_machine
+from hybrid.engine import Engine, EngineParams
+from hybrid.errors import DeviceUnavailable, HybridError
+from hybrid.models import resolve_model
+from hybrid.placement import plan
+from hybrid.probe import DEFAULT_MARGIN_BYTES, find_ceiling, kv_type_table, predict_max_ngl, recommend
+from hybrid.probe_checks import gpu_link_checks, mlock_check, numa_check, thread_sweep, threads_check
+from hybrid.sizes import format_size, parse_size
+
+from .common import ModelArg, cache_dir
+from .options import CtkOpt, CtvOpt, CtxOpt, UBatchOpt, VramBudgetOpt
+from .session import note
+
+
+def probe(
+    model: ModelArg = None,
+    ctx: CtxOpt = 4096,
+    ctk: CtkOpt = "f16",
+    ctv: CtvOpt = "f16",
+    ubatch: UBatchOpt = 512,
+    vram_budget: VramBudgetOpt = None,
+    margin: Annotated[Optional[str], typer.Option("--margin", help="Headroom to leave below the ceiling (default 1GiB).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only the predicted plan: no GPU needed (give --vram-budget).")] = False,
+    fast: Annotated[bool, typer.Option("--fast", help="Skip the measured thread sweep.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print everything as one JSON object.")] = False,
+) -> None:
+    """Find the OOM ceiling: the most layers (-ngl) that fit, predicted from the plan and measured on the GPU by
+    allocating and running each candidate; then recommend -ngl with headroom, a KV type, -t, --mlock, --numa."""
+    margin_bytes = parse_size(margin) if margin else DEFAULT_MARGIN_BYTES
+    path = resolve_model(model, cache_dir())
+    if dry_run and not vram_budget:
+        raise HybridError("--dry-run predicts against a budget: give --vram-budget SIZE (e.g. --vram-budget 24GiB)")
+    gpus, why = probe_gpus() if not dry_run else ((), "dry run")
+    if vram_budget:
+        budget = parse_size(vram_budget)
+    elif gpus:
+        budget = gpus[0].free_bytes
+    else:
+        raise DeviceUnavailable(f"no usable GPU ({why}): give --vram-budget SIZE (with --dry-run) to predict a plan")
+    if not dry_run and not gpus:
+        raise DeviceUnavailable(f"measuring the ceiling needs a GPU ({why}); use --dry-run for the prediction only")
+    from gguf_io import open_gguf  # noqa: PLC0415
+
+    with open_gguf(path) as f:
+        config, tensors = ModelConfig.from_gguf(f), dict(f.tensors)
+    n_ctx = ctx or config.n_ctx_train
+    kw = dict(swa_full=True)
+    pred = predict_max_ngl(config, tensors, budget, n_ctx, ctk, ctv, ubatch, **kw)
+    report: dict = {"model": str(path), "n_ctx": n_ctx, "type_k": ctk, "type_v": ctv, "n_ubatch": ubatch,
+                    "budget_bytes": budget, "n_offloadable": config.n_layer + 1, "predicted_ngl": pred.ngl}
+    ceiling = pred.ngl
+    if not dry_run:
+        params = EngineParams(n_ctx, max(ubatch, 512), ubatch, ctk, ctv)
+        from hybrid.probe_device import try_fit  # noqa: PLC0415 - CuPy
+
+        attempts = []
+
+        def fits(n: int) -> bool:
+            t0 = time.perf_counter()
+            a = try_fit(path, params, n, budget)
+            attempts.append({**dataclasses.asdict(a), "seconds": round(time.perf_counter() - t0, 2)})
+            if not json_out:
+                note(f"  -ngl {n}: {'fits' if a.fits else 'out of memory'} (peak {format_size(a.peak_bytes)})")
+            return a.fits
+
+        t0 = time.perf_counter()
+        search = find_ceiling(fits, pred.ngl, config.n_layer + 1)
+        ceiling = search.ceiling
+        report.update(measured_ceiling=ceiling, attempts=attempts, probe_seconds=round(time.perf_counter() - t0, 1))
+    rec = recommend(ceiling, lambda n: plan(config, tensors, budget, n, n_ctx, ctk, ctv, ubatch, **kw), margin_bytes)
+    kv_rows = kv_type_table(config, tensors, budget, n_ctx, ubatch, margin_bytes=margin_bytes, **kw)
+    p = plan(config, tensors, budget, max(rec.ngl, 0), n_ctx, ctk, ctv, ubatch, **kw)
+    machine = probe_machine(with_gpu=False)
+    sweep = None
+    if not fast and not dry_run:
+        counts = sorted({max(1, machine.physical_cores // 4), max(1, machine.physical_cores // 2), machine.physical_cores})
+        engine = Engine.load(path, EngineParams(256, 256, 256, ctk, ctv, n_gpu_layers=str(rec.ngl), vram_budget=budget))
+        try:
+            sweep = thread_sweep(engine, counts)
+        finally:
+            engine.close()
+    checks = [threads_check(machine, sweep), mlock_check(machine, p.cpu_total_bytes), numa_check(machine)]
+    if gpus:
+        checks += gpu_link_checks()
+    flags = [f"-ngl {rec.ngl}", f"-c {n_ctx}"]
+    if ctk != "f16" or ctv != "f16":
+        flags += [f"-ctk {ctk}", f"-ctv {ctv}"]
+    flags += [f"-t {checks[0].value}"] + [c.value for c in checks[1:] if c.value]
+    command = f"hybrid run {path} " + " ".join(flags)
+    report.update(recommended_ngl=rec.ngl, margin_bytes=margin_bytes, recommendation=dataclasses.asdict(rec),
+                  kv_types=[dataclasses.asdict(r) for r in kv_rows], checks=[dataclasses.asdict(c) for c in checks],
+                  thread_sweep=sweep, command=command, plan_gpu_bytes=p.gpu_total_bytes, plan_cpu_bytes=p.cpu_total_bytes)
+    if json_out:
+        print(json.dumps(report, indent=2))
+    else:
+        _render(report, kv_rows, checks, dry_run)
+
+
+def _render(r: dict, kv_rows, checks, dry_run: bool) -> None:
+    con = Console()
+    t = Table(title=f"hybrid probe: {r['model']} at -c {r['n_ctx']}, budget {format_size(r['budget_bytes'])}",
+              show_header=False)
+    t.add_row("predicted ceiling", f"-ngl {r['predicted_ngl']} of {r['n_offloadable']}")
+    if not dry_run:
+        t.add_row("measured ceiling", f"-ngl {r['measured_ceiling']} ({len(r['attempts'])} attempts, "
+                                      f"{r['probe_seconds']} s)")
+        d = r["measured_ceiling"] - r["predicted_ngl"]
+        if abs(d) > 1:
+            t.add_row("", f"[yellow]prediction off by {d:+d} layers[/yellow]")
+    t.add_row("recommended", f"-ngl {r['recommended_ngl']} (headroom >= {format_size(r['margin_bytes'])})")
+    t.add_row("GPU / CPU bytes", f"{format_size(r['plan_gpu_bytes'])} / {format_size(r['plan_cpu_bytes'])}")
+    con.print(t)
+    kv = Table(title="KV cache types at this context")
+    for col in ("type", "KV cache", "max -ngl", "safe -ngl", "layers gained"):
+        kv.add_column(col)
+    for row in kv_rows:
+        kv.add_row(row.type_k, format_size(row.kv_bytes), str(row.max_ngl), str(row.safe_ngl), f"{row.extra_layers:+d}")
+    con.print(kv)
+    ck = Table(title="checklist")
+    for col in ("check", "status", "detail"):
+        ck.add_column(col)
+    for c in checks:
+        ck.add_row(c.name, {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]"}.get(c.status, c.status), c.detail)
+    con.print(ck)
+    con.print(f"\n[bold]{r['command']}[/bold]")
