@@ -149,6 +149,14 @@ class Engine:
         self.backends, self.output_backend = [], None
         self.gguf.close()
 
+    def warmup(self) -> None:
+        """Run a 2-token batch and a 1-token step on a scratch cache so every kernel is compiled (or loaded from
+        Numba's cache) before anything is timed, as llama.cpp warms up with an empty run."""
+        cache = self.new_cache(8)
+        bos = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0
+        self.eval([bos, bos], cache)
+        self.eval([bos], cache)
+
     def run_gpu_layers(self, cache: KVCache, rng: np.random.Generator, n_tokens: int) -> None:
         """Run n_tokens random hidden states through the GPU layers and the output layer if it is on the GPU
         (what `hybrid probe` needs to see the real peak memory; the CPU layers do not touch the VRAM)."""

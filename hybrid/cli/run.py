@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+import time
 from typing import Annotated, Optional
 
 import typer
@@ -65,6 +66,7 @@ def run(
             return
     if conversation:
         engine, load_ms = load_engine(model, params, ngl, vram_budget)
+        engine.warmup()
         chat_loop(engine, sampling, n_predict, chat_template, system, prompt)
         return
     if file is not None:
@@ -73,6 +75,9 @@ def run(
     if prompt is None:
         raise typer.BadParameter("give a prompt with -p TEXT or -f FILE (or use -cnv to chat)")
     engine, load_ms = load_engine(model, params, ngl, vram_budget)
+    t0 = time.perf_counter()
+    engine.warmup()  # compiles (or loads) the kernels; counted as load time, as llama.cpp's warm-up run
+    load_ms += 1000 * (time.perf_counter() - t0)
     tok = engine.tokenizer
     prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
     timings = Timings(load_ms=load_ms)
