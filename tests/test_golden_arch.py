@@ -63,3 +63,21 @@ def test_arch_fixture(fixtures_dir, name):
     # we reach 0.05% / 0.6%, so 1% for all.
     tol = 0.01
     assert abs(ppl / float(ref["ppl"]) - 1) < tol, f"{name}: PPL {ppl:.1f} vs llama.cpp {float(ref['ppl']):.1f}"
+
+
+def test_perplexity_chunks_are_llama_cpp_s(fixtures_dir):
+    """`hybrid perplexity -c 128 --chunks 16` evaluates exactly the token chunks llama-perplexity evaluated
+    (so the PPL asserted above is the one the command prints)."""
+    from gguf_io import open_gguf
+    from hybrid.perplexity import chunk_tokens
+    from hybrid.tokenizer import Tokenizer
+
+    raw = (fixtures_dir / "gemma-3-270m" / "gpl3.txt").read_bytes().decode("utf-8")
+    with open_gguf(fixtures_dir / "arch" / "llama-f16.gguf") as f:
+        tok = Tokenizer.from_metadata(f.metadata)
+    assert len(tok.encode(raw)) == 8708  # the README's count for the file as it is, with BOS
+    tokens = tok.encode(raw[:-1], add_special=True, parse_special=False)  # -f drops one trailing "\n"
+    chunks = chunk_tokens(tokens, 128, tok.bos_id, 16)
+    for name in BOUNDS:  # every model shares the llama-spm vocabulary and the same chunks
+        ref = np.load(fixtures_dir / "arch" / f"{name}.GPL-3.npz")
+        assert np.array_equal(np.array(chunks, dtype=np.int32), ref["tokens"]), name
