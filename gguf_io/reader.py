@@ -51,15 +51,19 @@ class TensorInfo:
 
 
 class GGUFFile:
-    """An open GGUF file (see docs/CONTRACTS.md). `GGUFFile(path)` maps and validates; use as a context manager."""
+    """An open GGUF file (see docs/CONTRACTS.md). `GGUFFile(path)` maps and validates; use as a context manager.
 
-    def __init__(self, path: str | os.PathLike):
+    use_mmap=False (--no-mmap) reads the whole file into anonymous memory instead; `.mmap` is then a read-only
+    uint8 array, not a mapping, and tensor views point into it."""
+
+    def __init__(self, path: str | os.PathLike, use_mmap: bool = True):
         self.path = Path(path)
         where = str(self.path)
         self.file_size = os.stat(self.path).st_size  # OSError (missing file) propagates unchanged
         if self.file_size < 4:
             raise GGUFFormatError(f"{where}: file too small: {self.file_size} bytes, not a GGUF file (no magic)")
-        self.mmap: np.memmap | None = np.memmap(self.path, dtype=np.uint8, mode="r")
+        self.mmap: np.ndarray | None = (np.memmap(self.path, dtype=np.uint8, mode="r") if use_mmap
+                                        else _read_file(self.path, self.file_size))
         self.file_size = int(self.mmap.size)
         buf = memoryview(self.mmap)
         try:
@@ -223,6 +227,22 @@ class GGUFFile:
         )
 
 
-def open_gguf(path: str | os.PathLike) -> GGUFFile:
-    """Memory-map a GGUF file read-only and validate it (GGUFFormatError on any damage)."""
-    return GGUFFile(path)
+def _read_file(path: Path, size: int) -> np.ndarray:
+    """The file's bytes in anonymous memory (read-only array), read in chunks (one read(2) returns at most ~2 GiB)."""
+    buf = np.empty(size, dtype=np.uint8)
+    view, pos = memoryview(buf), 0
+    with open(path, "rb", buffering=0) as f:
+        while pos < size:
+            n = f.readinto(view[pos : pos + (1 << 28)])
+            if not n:
+                raise GGUFFormatError(f"{path}: the file shrank while it was read: {pos} of {size} bytes")
+            pos += n
+    view.release()
+    buf.flags.writeable = False
+    return buf
+
+
+def open_gguf(path: str | os.PathLike, use_mmap: bool = True) -> GGUFFile:
+    """Memory-map a GGUF file read-only (or, use_mmap=False, read it into memory) and validate it
+    (GGUFFormatError on any damage)."""
+    return GGUFFile(path, use_mmap)

@@ -2,7 +2,9 @@
 
 Arrays are cupy float32 on the current device. A layer's weights are copied to the device once with `upload`
 (raw quantized bytes as they are, 1-D weights as float32); `from_host` / `to_host` move activations through
-pinned buffers. Imported lazily by the engine: importing this module needs no CuPy, constructing one does.
+pinned buffers. `decode_step` runs one token through a run of layers as a CUDA graph (kernels_gpu.graph): the
+position is a device scalar and the KV-cache addresses sit in device slots, so one capture serves every token.
+Imported lazily by the engine: importing this module needs no CuPy, constructing one does.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ class GpuBackend:
         self._stager = PinnedStager()
         self._pos_key: bytes | None = None  # positions of the last call, on the device
         self._pos_dev = None
+        self.use_graphs = True  # decode_step: capture and replay CUDA graphs (False: eager launches, reported)
+        self._graphs = None  # kernels_gpu.graph.GraphRunner, made at the first decode_step
+        self._slots: dict[int, tuple[int, int]] = {}  # during a decode step: layer -> device slots of its k, v
 
     # ---- placement helpers
     def free_bytes(self) -> int:
@@ -59,10 +64,57 @@ class GpuBackend:
         with self.device:
             return Weight(weight.name, weight.type_name, weight.shape, cp.empty(shape, dtype=dtype))
 
+    # ---- decode steps as CUDA graphs
+    def decode_step(self, key, kv_layers: dict, fn, x: np.ndarray, position: int) -> np.ndarray:
+        """One decode token through a run of layers on this GPU: fn(x, positions) -> cupy array launches the work
+        (x (1, n_embd) float32 and positions (1,) int32 on the device; layer il's cache is kv_layers[il]).
+
+        x (host) crosses once, with the position and the cache addresses, in one asynchronous copy from pinned
+        memory; the work is captured as a CUDA graph at the second call of a key (shape-relevant: the run of
+        layers, the cache's shape and types) and replayed from then on, for any position and any cache of that
+        shape; eager launches when use_graphs is False or capture is impossible (graph_report() says why).
+        Returns fn's result on the host."""
+        from kernels_gpu.graph import GraphRunner  # noqa: PLC0415
+
+        ils = sorted(kv_layers)
+        sig = tuple((il, kv_layers[il].k.shape, kv_layers[il].v.shape, kv_layers[il].type_k, kv_layers[il].type_v)
+                    for il in ils)
+        ptrs = [p for il in ils for p in (kv_layers[il].k.data.ptr, kv_layers[il].v.data.ptr)]
+
+        def step(xd, pos, slots):
+            base = slots.data.ptr
+            self._slots = {il: (base + 16 * j, base + 16 * j + 8) for j, il in enumerate(ils)}
+            try:
+                return fn(xd, pos)
+            finally:
+                self._slots = {}
+
+        with self.device:
+            if self._graphs is None:
+                self._graphs = GraphRunner()
+            self._graphs.enabled = self.use_graphs
+            return self._graphs.run((key, sig), step, x, position, ptrs)
+
+    def graph_report(self) -> str:
+        """How decode steps ran: CUDA graphs captured and replayed, or eager launches and why."""
+        return self._graphs.report() if self._graphs is not None else "no decode steps yet"
+
+    @property
+    def graph_fallback(self) -> bool:
+        """True when some decode step had to run eagerly (capture impossible, or graphs turned off)."""
+        return self._graphs is not None and self._graphs.fallback
+
+    def _no_capture(self, what: str) -> None:
+        if self._graphs is not None and self._graphs.capturing:
+            from kernels_gpu.graph import CaptureUnsupported  # noqa: PLC0415
+
+            raise CaptureUnsupported(f"not capturable: {what}")
+
     def _positions(self, positions: np.ndarray):
         """positions (n,) -> cupy int32, re-used while the same positions come back (4 ops per layer use them)."""
         if isinstance(positions, self._cupy.ndarray):
             return self._cupy.ascontiguousarray(positions, dtype=self._cupy.int32)
+        self._no_capture("positions from the host")
         p = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
         key = p.tobytes()
         if key != self._pos_key:
@@ -129,7 +181,10 @@ class GpuBackend:
         from kernels_gpu.kv_cache import kv_store  # noqa: PLC0415
 
         layer = kv.layers[il]
-        p = np.asarray(positions) if not isinstance(positions, self._cupy.ndarray) else positions.get()
+        if isinstance(positions, self._cupy.ndarray):  # a decode step: the engine checked the position
+            kv_store(layer, positions, self._dev(k), self._dev(v), self._slots.get(il))
+            return
+        p = np.asarray(positions)
         if p.size and (int(p.min()) < 0 or int(p.max()) >= layer.n_ctx):
             raise ValueError(f"kv_store: positions must lie in [0, {layer.n_ctx}), found [{p.min()}, {p.max()}]")
         kv_store(layer, self._positions(positions), self._dev(k), self._dev(v))
@@ -137,14 +192,20 @@ class GpuBackend:
     def attention(self, q, kv, il: int, positions, scale: float, n_swa: int):
         from kernels_gpu.attention import attention  # noqa: PLC0415
 
-        p = np.asarray(positions) if not isinstance(positions, self._cupy.ndarray) else positions.get()
+        layer = kv.layers[il]
+        if isinstance(positions, self._cupy.ndarray):
+            # a decode step: the grid follows the cache size, the kernel reads the keys in use from the positions
+            return attention(self._dev(q), layer, positions, layer.n_ctx, scale, n_swa, dynamic=True,
+                             slots=self._slots.get(il))
+        p = np.asarray(positions)
         if p.size and int(p.min()) < 0:
             raise ValueError(f"attention: positions must be >= 0, found {p.min()}")
         n_kv = int(p.max()) + 1 if p.size else 0
-        return attention(self._dev(q), kv.layers[il], self._positions(positions), n_kv, scale, n_swa)
+        return attention(self._dev(q), layer, self._positions(positions), n_kv, scale, n_swa)
 
     def take_rows(self, x, rows: np.ndarray):
         """x[rows] as a contiguous (len(rows), n) cupy array; rows is a host int64 array."""
+        self._no_capture("rows chosen on the host")
         return self._cupy.ascontiguousarray(x[self._cupy.asarray(rows)])
 
     def zeros(self, shape: tuple[int, ...]):
@@ -152,6 +213,7 @@ class GpuBackend:
 
     def scatter_add(self, out, rows: np.ndarray, y, weights: np.ndarray) -> None:
         """out[rows] += weights[:, None] * y (rows are distinct)."""
+        self._no_capture("rows chosen on the host")
         cp = self._cupy
         out[cp.asarray(rows)] += cp.asarray(weights, dtype=cp.float32)[:, None] * y
 
@@ -159,10 +221,12 @@ class GpuBackend:
         """cupy -> numpy (a numpy array passes through)."""
         if isinstance(x, np.ndarray):
             return x
+        self._no_capture("a device -> host copy inside the step (e.g. MoE routing on the host)")
         return self._stager.to_host(x)
 
     def from_host(self, x):
         """numpy -> cupy through a pinned buffer (a cupy array passes through)."""
         if isinstance(x, self._cupy.ndarray):
             return x
+        self._no_capture("a host -> device copy inside the step")
         return self._stager.to_device(np.asarray(x))

@@ -119,7 +119,8 @@ def probe_machine(with_gpu: bool = True) -> MachineInfo:
     return MachineInfo(
         cpu_model=model,
         logical_cores=os.cpu_count() or 1,
-        physical_cores=len(physical_core_cpus()),
+        # psutil counts the machine's cores, not this thread's affinity (narrowed to one CPU once pinned)
+        physical_cores=psutil.cpu_count(logical=False) or len(physical_core_cpus()),
         cpu_features=tuple(f for f in _FEATURES if f in flags),
         ram_total_bytes=int(vm.total),
         ram_available_bytes=int(vm.available),

@@ -21,6 +21,8 @@ from .arch.spec import LAYER_TENSORS_DENSE, LAYER_TENSORS_MOE, ArchSpec
 from .backend_cpu import CpuBackend
 from .errors import ContextTooLarge, HybridError
 from .kv import KV_TYPES, KVCache
+from .memlock import prepare_cpu_weights
+from .numa import check_mode as check_numa_mode
 from .placement import PlacementPlan, plan
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
@@ -38,6 +40,10 @@ class EngineParams:
     n_gpu_layers: str = "0"  # -ngl: N (repeating layers + output, as llama.cpp), "auto" or "all"
     vram_budget: int | None = None  # --vram-budget in bytes; None = the device's free memory
     flash_attn: bool = True  # -fa (our attention kernels are always flash-style; counted in the plan)
+    use_mmap: bool = True  # --no-mmap: False reads the file into anonymous memory
+    use_mlock: bool = False  # --mlock: lock the CPU-resident weights in RAM
+    numa: str = ""  # --numa distribute|isolate|numactl ("" = off)
+    cpus: tuple[int, ...] = ()  # -C/--cpu-mask, --cpu-range: the CPUs the workers are pinned to (() = all allowed)
 
 
 @dataclass
@@ -87,7 +93,8 @@ class Engine:
         for t in (params.type_k, params.type_v):
             if t not in KV_TYPES:
                 raise HybridError(f"unknown KV cache type '{t}': choose one of {', '.join(KV_TYPES)}")
-        f = open_gguf(path)
+        check_numa_mode(params.numa)
+        f = open_gguf(path, use_mmap=params.use_mmap)
         try:
             config = ModelConfig.from_gguf(f)
             spec = arch_spec(config.arch)
@@ -110,6 +117,10 @@ class Engine:
             except BaseException:
                 f.close()
                 raise
+        notes, _ = prepare_cpu_weights(engine.weights, params.numa, params.use_mlock)  # after the GPU took its layers
+        for msg in notes:
+            if progress:
+                progress(msg)
         return engine
 
     def _offload(self, progress: Callable[[str], None] | None, placeholder: bool = False) -> None:
@@ -192,6 +203,10 @@ class Engine:
             )
         if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
             raise HybridError(f"token id out of range [0, {self.config.n_vocab})")
+        if n == 1 and any(hasattr(b, "decode_step") for b in (*self.backends, self.output_backend)):
+            logits = self._decode(int(tokens[0]), cache)  # (1, n_vocab): GPU runs replayed as CUDA graphs
+            cache.n_past += 1
+            return logits[-1] if logits_from is None else logits
         first = n - 1 if logits_from is None else logits_from
         out = []
         ub = self.params.n_ubatch
@@ -227,6 +242,44 @@ class Engine:
         if cap:
             logits = np.tanh(logits / cap) * cap
         return logits
+
+    def _decode(self, token: int, cache: KVCache) -> np.ndarray:
+        """One token at position cache.n_past through the layers and the output layer -> logits (1, n_vocab).
+        Each run of layers on a GPU (with the output layer when it follows them there) is one decode_step of its
+        backend: the hidden state crosses to the GPU once, the run replays as a CUDA graph."""
+        cfg, spec, w = self.config, self.spec, self.weights
+        x = self._cpu.get_rows(w.token_embd, np.array([token], dtype=np.int64))  # (1, n_embd) on the CPU
+        if spec.embd_scale:
+            x = x * np.float32(np.sqrt(cfg.n_embd))
+        runs: list[list] = []  # [backend, first layer, end layer, with the output layer]
+        for il, be in enumerate(self.backends):
+            if runs and runs[-1][0] is be:
+                runs[-1][2] = il + 1
+            else:
+                runs.append([be, il, il + 1, False])
+        if runs and runs[-1][0] is self.output_backend:
+            runs[-1][3] = True
+        else:
+            runs.append([self.output_backend, cfg.n_layer, cfg.n_layer, True])
+
+        def run_fn(be, a: int, b: int, with_output: bool):
+            def run(h, positions):
+                for il in range(a, b):
+                    h = layer_forward(be, spec, cfg, w.layers[il], il, h, positions, cache)
+                if with_output:
+                    h = be.matmul(w.output, be.rms_norm(h, w.output_norm.raw, cfg.f_norm_rms_eps))
+                return h
+            return run
+
+        for be, a, b, with_output in runs:
+            run = run_fn(be, a, b, with_output)
+            if hasattr(be, "decode_step"):
+                x = be.decode_step((a, b, with_output), {il: cache.layers[il] for il in range(a, b)}, run, x,
+                                   cache.n_past)
+            else:
+                x = run(x, np.array([cache.n_past], dtype=np.int32))
+        cap = cfg.final_logit_softcapping
+        return np.tanh(x / cap) * cap if cap else x
 
     def generate(self, prompt: list[int], sampling: SamplingParams, n_predict: int, cache: KVCache,
                  timings: Timings | None = None) -> Iterator[int]:

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from .devices import numa_nodes
 from .errors import HybridError
 
+Nodes = tuple[tuple[int, tuple[int, ...]], ...]  # (node id, its cpus), as devices.numa_nodes()
+
 NUMA_MODES = ("distribute", "isolate", "numactl")
 MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE = 0, 1, 2, 3
 _SYSCALLS = {  # asm/unistd_64.h and asm-generic/unistd.h
@@ -81,14 +83,14 @@ def mbind(addr: int, length: int, mode: int, nodes: Sequence[int], flags: int = 
              ctypes.c_ulong(_MAXNODE), ctypes.c_uint(flags))
 
 
-def current_node(nodes: tuple[tuple[int, tuple[int, ...]], ...] | None = None) -> int:
+def current_node(nodes: Nodes | None = None) -> int:
     """The node of the CPU this thread runs on now."""
     nodes = nodes if nodes is not None else numa_nodes()
     cpu = _libc().sched_getcpu()
     return next((n for n, cpus in nodes if cpu in cpus), nodes[0][0])
 
 
-def policy_for(mode: str, nodes: tuple[tuple[int, tuple[int, ...]], ...] | None = None) -> tuple[int, tuple[int, ...]] | None:
+def policy_for(mode: str, nodes: Nodes | None = None) -> tuple[int, tuple[int, ...]] | None:
     """(MPOL_*, node ids) for the weights under `mode`, or None when nothing is to be done (off, numactl, one node)."""
     nodes = nodes if nodes is not None else numa_nodes()
     if check_mode(mode) in ("", "numactl") or len(nodes) < 2:
@@ -98,7 +100,7 @@ def policy_for(mode: str, nodes: tuple[tuple[int, tuple[int, ...]], ...] | None 
     return MPOL_BIND, (current_node(nodes),)
 
 
-def numa_note(mode: str, nodes: tuple[tuple[int, tuple[int, ...]], ...] | None = None) -> str | None:
+def numa_note(mode: str, nodes: Nodes | None = None) -> str | None:
     """One line for the user when `mode` is set: what it does here (a no-op on a one-node machine)."""
     nodes = nodes if nodes is not None else numa_nodes()
     if not check_mode(mode):
@@ -116,7 +118,7 @@ def numa_note(mode: str, nodes: tuple[tuple[int, tuple[int, ...]], ...] | None =
 
 
 @contextmanager
-def memory_policy(mode: str, nodes: tuple[tuple[int, tuple[int, ...]], ...] | None = None) -> Iterator[None]:
+def memory_policy(mode: str, nodes: Nodes | None = None) -> Iterator[None]:
     """Within the block, pages this thread allocates (anonymous memory, page cache it faults in) follow `mode`;
     the previous policy comes back afterwards. A no-op where `policy_for` is None."""
     pol = policy_for(mode, nodes)
@@ -131,7 +133,7 @@ def memory_policy(mode: str, nodes: tuple[tuple[int, tuple[int, ...]], ...] | No
         set_mempolicy(old_mode, old_nodes if old_mode != MPOL_DEFAULT else ())
 
 
-def thread_cpus(mode: str, cpus: Sequence[int], nodes: tuple[tuple[int, tuple[int, ...]], ...] | None = None) -> list[int]:
+def thread_cpus(mode: str, cpus: Sequence[int], nodes: Nodes | None = None) -> list[int]:
     """`cpus` (in preference order) rearranged for `mode`: distribute alternates nodes, isolate keeps the current
     node's CPUs; unchanged for off/numactl or one node."""
     nodes = nodes if nodes is not None else numa_nodes()

@@ -88,8 +88,8 @@ def select_cpus(cpu_mask: str | None = None, cpu_range: str | None = None) -> tu
     allowed = allowed_cpus()
     bad = sorted(chosen - set(allowed))
     if bad:
-        raise HybridError(f"CPUs {','.join(map(str, bad))} were asked for (-C/--cpu-range) but this process may "
-                          f"only run on {','.join(map(str, allowed))}")
+        raise HybridError(f"-C/--cpu-range asked for CPU {','.join(map(str, bad))} but this process may only run "
+                          f"on CPU {','.join(map(str, allowed))}")
     return tuple(sorted(chosen))
 
 
@@ -186,7 +186,7 @@ def setup_threads(n_threads: int = 0, cpus: Sequence[int] = (), numa: str = "", 
     n = n_threads if n_threads > 0 else default_threads(order)
     n = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
     numba.set_num_threads(n)
-    if not pin:
+    if not pin or not hasattr(os, "sched_setaffinity"):  # affinity is a Linux call
         return ThreadSetup(n, (), (), threading.get_native_id(), "")
     return pin_threads(order)
 
@@ -205,38 +205,53 @@ def thread_affinity(tid: int) -> tuple[int, ...]:
 
 
 # -- the compile cache ----------------------------------------------------------------------------------------
-def kernel_cache_stale(package: str = "kernels_cpu") -> bool:
-    """True when some module of `package` with cached Numba kernels has no index file in __pycache__ that matches
-    its current source (first run, or sources changed): the next kernel call compiles, which takes a while."""
+def kernel_sources_id(package: str = "kernels_cpu") -> str:
+    """A hash of the kernel package's sources and the Numba version: the compile cache holds for this id."""
+    h = hashlib.sha256(numba.__version__.encode())
+    d = _package_dir(package)
+    for src in sorted(d.glob("*.py")) if d else ():
+        h.update(src.name.encode() + src.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def kernel_cache_stale(marker_dir: Path, package: str = "kernels_cpu") -> bool:
+    """True when the next kernel call will compile (slow): no run has been marked done (`mark_kernels_compiled`)
+    for these sources, or Numba's cache in the package's __pycache__ holds no index matching them (wiped)."""
+    d = _package_dir(package)
+    if d is None:
+        return False
+    if not (marker_dir / f"kernels-{kernel_sources_id(package)}.compiled").is_file():
+        return True
+    cache = d / "__pycache__"
+    return os.access(d, os.W_OK) and not any(_index_fresh(d, nbi) for nbi in cache.glob("*.nbi"))
+
+
+def mark_kernels_compiled(marker_dir: Path, package: str = "kernels_cpu") -> None:
+    """Remember that the kernels of these sources have been compiled once (a marker file in `marker_dir`)."""
+    try:
+        marker_dir.mkdir(parents=True, exist_ok=True)
+        (marker_dir / f"kernels-{kernel_sources_id(package)}.compiled").touch()
+    except OSError:
+        pass  # a read-only cache directory only means the message shows again
+
+
+def _package_dir(package: str) -> Path | None:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        return False
-    return sources_without_cache(Path(next(iter(spec.submodule_search_locations))))
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
-def sources_without_cache(pkg_dir: Path) -> bool:
-    cache = pkg_dir / "__pycache__"
-    for src in sorted(pkg_dir.glob("*.py")):
-        try:
-            data = src.read_bytes()
-            st = src.stat()
-        except OSError:
-            continue
-        if b"cache=True" not in data:
-            continue
-        stamps = (hashlib.sha256(data).digest(), (st.st_mtime, st.st_size))  # numba >= 0.61, older numba
-        if not any(_index_stamp(nbi) in stamps for nbi in cache.glob(f"{src.stem}.*.nbi")):
-            return True
-    return False
-
-
-def _index_stamp(nbi: Path) -> object:
-    """The source stamp of a Numba index file (a pickled version, then a pickle of (stamp, overloads))."""
+def _index_fresh(pkg_dir: Path, nbi: Path) -> bool:
+    """Whether a Numba index file (a pickled version, then a pickle of (source stamp, overloads)) matches its
+    source: a sha256 of the file since numba 0.61, (mtime, size) before."""
+    src = pkg_dir / (nbi.name.split(".", 1)[0] + ".py")
     try:
         with open(nbi, "rb") as f:
             if pickle.load(f) != numba.__version__:
-                return None  # written by another numba: it recompiles
+                return False
             stamp, _ = pickle.loads(f.read())
-        return tuple(stamp) if isinstance(stamp, list) else stamp
+        st = src.stat()
+        return stamp in (hashlib.sha256(src.read_bytes()).digest(), (st.st_mtime, st.st_size))
     except Exception:  # noqa: BLE001 - unreadable or foreign index: as if absent
-        return None
+        return False

@@ -18,7 +18,8 @@ from hybrid.engine import EngineParams
 from hybrid.model_info import model_type
 
 from .common import fmt_bytes, fmt_count
-from .session import load_engine, note
+from .options import CpuMaskOpt, CpuRangeOpt, MlockOpt, NoMmapOpt, NumaOpt
+from .session import load_engine, note, system_params
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -46,6 +47,11 @@ def bench(
     ubatch: Annotated[str, typer.Option("-ub", "--ubatch-size", help="Micro-batch sizes, comma-separated.")] = "512",
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed repetitions per test.")] = 5,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, json, csv.")] = "md",
+    numa: NumaOpt = None,
+    mlock: MlockOpt = False,
+    no_mmap: NoMmapOpt = False,
+    cpu_mask: CpuMaskOpt = None,
+    cpu_range: CpuRangeOpt = None,
 ) -> None:
     """Benchmark prompt processing (pp) and generation (tg) speed, like llama-bench; lists sweep every combination."""
     if output not in ("md", "json", "csv"):
@@ -59,19 +65,23 @@ def bench(
     tests = tests_from(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), pairs)
     if not tests:
         raise typer.BadParameter("nothing to run: give -p, -n or -pg with values > 0")
+    sysp = system_params(numa, mlock, no_mmap, cpu_mask, cpu_range)
     machine = probe_machine()
     rows: list[dict] = []
     combos = itertools.product(_ints(ngl, "-ngl"), _strs(ctk), _strs(ctv), _ints(fa, "-fa"), _ints(batch, "-b"),
                                _ints(ubatch, "-ub"), _ints(threads, "-t"))
     for n_gl, tk, tv, fa_on, b, ub, t in combos:
-        engine, _ = load_engine(model, EngineParams(4096, b, ub, tk, tv, t), str(n_gl))
+        engine, _ = load_engine(model, EngineParams(4096, b, ub, tk, tv, t, **sysp), str(n_gl))
         import numba  # noqa: PLC0415 - the thread count in effect
 
         n_threads = numba.get_num_threads()
         for res in run_bench(engine, tests, reps):
             rows.append(_row(engine, res, machine, n_threads, n_gl, tk, tv, fa_on, b, ub))
+            rows[-1]["gpu_decode"] = _gpu_decode(engine)  # CUDA graphs, or eager launches and why
             if output == "md":
                 note(f"{rows[-1]['test']}: {res.avg_ts:.2f} ± {res.stddev_ts:.2f} t/s (t={n_threads})")
+        if rows and rows[-1]["gpu_decode"]:
+            note(f"GPU decode: {rows[-1]['gpu_decode']}")
         engine.close()
     _render(rows, output)
 
@@ -84,7 +94,8 @@ def _row(engine, res: BenchResult, machine, n_threads, n_gl, tk, tv, fa_on, b, u
         "backends": "CUDA,CPU" if n_gl > 0 and gpu else "CPU", "model_filename": str(f.path),
         "model_type": model_type(f), "model_size": f.file_size, "model_n_params": f.n_params,
         "n_batch": b, "n_ubatch": ub, "n_threads": n_threads, "type_k": tk, "type_v": tv,
-        "n_gpu_layers": n_gl, "flash_attn": bool(fa_on), "use_mmap": True, "n_prompt": res.test.n_prompt,
+        "n_gpu_layers": n_gl, "flash_attn": bool(fa_on), "use_mmap": engine.params.use_mmap,
+        "n_prompt": res.test.n_prompt,
         "n_gen": res.test.n_gen, "n_depth": 0, "test": res.test.name,
         "test_time": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "avg_ns": res.avg_ns, "stddev_ns": res.stddev_ns, "avg_ts": res.avg_ts, "stddev_ts": res.stddev_ts,
@@ -113,3 +124,9 @@ def _render(rows: list[dict], output: str) -> None:
             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
         ]) + " |")
     print("\n".join(lines))
+
+
+def _gpu_decode(engine) -> str:
+    """How the GPU backends ran decode steps so far: CUDA graph counts, or the eager fallback and its reason."""
+    gpus = {id(b): b for b in (*engine.backends, engine.output_backend) if hasattr(b, "graph_report")}
+    return "; ".join(b.graph_report() for b in gpus.values())

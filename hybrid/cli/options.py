@@ -33,3 +33,23 @@ VramBudgetOpt = Annotated[
     Optional[str],
     typer.Option("--vram-budget", help="Act like a card with this much VRAM, e.g. 24GiB (default: the GPU's free memory)."),
 ]
+NumaOpt = Annotated[
+    Optional[str],
+    typer.Option("--numa", help="NUMA: distribute (interleave the weights over the nodes, spread threads over them), "
+                 "isolate (threads and weights on the node we started on), numactl (the CPU map numactl gave us). "
+                 "A no-op on a one-node machine."),
+]
+MlockOpt = Annotated[
+    bool,
+    typer.Option("--mlock", help="Lock the CPU-resident weights in RAM (never paged out; needs a high `ulimit -l`)."),
+]
+NoMmapOpt = Annotated[bool, typer.Option("--no-mmap", help="Read the model into memory instead of memory-mapping it.")]
+CpuMaskOpt = Annotated[
+    Optional[str],
+    typer.Option("-C", "--cpu-mask",
+                 help="CPUs the threads may use, as a hex mask (0x3 = CPUs 0 and 1); one thread per physical core."),
+]
+CpuRangeOpt = Annotated[
+    Optional[str],
+    typer.Option("-Cr", "--cpu-range", help="CPUs the threads may use, as LO-HI (0-3); with -C, their union."),
+]

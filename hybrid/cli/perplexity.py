@@ -11,8 +11,9 @@ from hybrid.engine import EngineParams
 from hybrid.perplexity import chunk_tokens, perplexity as run_perplexity
 
 from .common import ModelArg
-from .options import BatchOpt, CtkOpt, CtvOpt, CtxOpt, NglOpt, ThreadsOpt, UBatchOpt
-from .session import load_engine, note
+from .options import (BatchOpt, CpuMaskOpt, CpuRangeOpt, CtkOpt, CtvOpt, CtxOpt, MlockOpt, NglOpt, NoMmapOpt, NumaOpt,
+                      ThreadsOpt, UBatchOpt)
+from .session import load_engine, note, system_params
 
 
 def perplexity(
@@ -26,6 +27,11 @@ def perplexity(
     ctk: CtkOpt = "f16",
     ctv: CtvOpt = "f16",
     ngl: NglOpt = "0",
+    numa: NumaOpt = None,
+    mlock: MlockOpt = False,
+    no_mmap: NoMmapOpt = False,
+    cpu_mask: CpuMaskOpt = None,
+    cpu_range: CpuRangeOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with ppl, ppl_stderr, running values.")] = False,
 ) -> None:
     """Perplexity of a text, as llama-perplexity computes it: chunks of -c tokens, each from an empty cache with
@@ -35,7 +41,8 @@ def perplexity(
     text = raw.decode("utf-8", errors="replace")
     if text.endswith("\n"):
         text = text[:-1]  # llama.cpp's -f drops one trailing newline
-    engine, _ = load_engine(model, EngineParams(ctx, max(batch, ctx), min(ubatch, max(batch, ctx)), ctk, ctv, threads), ngl)
+    engine, _ = load_engine(model, EngineParams(ctx, max(batch, ctx), min(ubatch, max(batch, ctx)), ctk, ctv, threads,
+                                                   **system_params(numa, mlock, no_mmap, cpu_mask, cpu_range)), ngl)
     tok = engine.tokenizer
     tokens = tok.encode(text, add_special=True, parse_special=False)
     chunk_list = chunk_tokens(tokens, ctx, tok.bos_id, chunks)

@@ -19,8 +19,8 @@ from .common import ModelArg
 from .explain import explain_plan, render_plan
 from .options import (BatchOpt, ChatTemplateOpt, CtkOpt, CtvOpt, CtxOpt, FrequencyOpt, MinPOpt, NglOpt, PresenceOpt,
                       RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, UBatchOpt,
-                      VramBudgetOpt)
-from .session import load_engine, note
+                      VramBudgetOpt, NumaOpt, MlockOpt, NoMmapOpt, CpuMaskOpt, CpuRangeOpt)
+from .session import load_engine, note, system_params
 
 
 def run(
@@ -36,6 +36,11 @@ def run(
     ctv: CtvOpt = "f16",
     ngl: NglOpt = "0",
     vram_budget: VramBudgetOpt = None,
+    numa: NumaOpt = None,
+    mlock: MlockOpt = False,
+    no_mmap: NoMmapOpt = False,
+    cpu_mask: CpuMaskOpt = None,
+    cpu_range: CpuRangeOpt = None,
     explain: Annotated[bool, typer.Option("--explain", help="Print the placement plan (which layers go where, KV cache, headroom); without -p/-f, only that.")] = False,
     temp: TempOpt = 0.8,
     top_k: TopKOpt = 40,
@@ -57,7 +62,8 @@ def run(
     Special tokens written in the prompt (e.g. <start_of_turn>) are parsed as special tokens; BOS is added when the
     model asks for it. Examples: hybrid run -p "The capital of France is" -n 32 --temp 0
     """
-    params = EngineParams(ctx, batch, ubatch, ctk, ctv, threads)
+    params = EngineParams(ctx, batch, ubatch, ctk, ctv, threads,
+                          **system_params(numa, mlock, no_mmap, cpu_mask, cpu_range))
     sampling = SamplingParams(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                               frequency_penalty, seed)
     if explain:

@@ -1,4 +1,5 @@
-"""Loading an engine for a command: model resolution, threads, -ngl handling, progress messages on stderr."""
+"""Loading an engine for a command: model resolution, threads (count, pinning, CPUs), --numa/--mlock/--no-mmap,
+-ngl handling, the first-run compile message, progress messages on stderr."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import typer
 
 from hybrid.devices import probe_gpus
 from hybrid.engine import Engine, EngineParams
-from hybrid.models import resolve_model
+from hybrid.errors import HybridError
+from hybrid.models import default_cache_dir, resolve_model
+from hybrid.numa import check_mode as check_numa_mode
 from hybrid.sizes import parse_size
-from hybrid.threads import configure_threads
+from hybrid.threads import kernel_cache_stale, mark_kernels_compiled, select_cpus, setup_threads
 
 from .common import cache_dir
 
@@ -21,9 +24,23 @@ def note(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def system_params(numa: str | None, mlock: bool, no_mmap: bool, cpu_mask: str | None,
+                  cpu_range: str | None) -> dict:
+    """The EngineParams fields of --numa, --mlock, --no-mmap, -C/--cpu-mask and --cpu-range (usage errors raised)."""
+    try:
+        return {"numa": check_numa_mode(numa or ""), "use_mlock": mlock, "use_mmap": not no_mmap,
+                "cpus": select_cpus(cpu_mask, cpu_range)}
+    except HybridError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 def load_engine(model: str | None, params: EngineParams, ngl: str = "0",
                 vram_budget: str | None = None) -> tuple[Engine, float]:
-    """Returns the engine and its load time in ms. -ngl > 0 without a usable GPU says so and runs on the CPU."""
+    """Returns the engine and its load time in ms. -ngl > 0 without a usable GPU says so and runs on the CPU.
+
+    Numba's workers are pinned one per physical core (params.cpus narrows the CPUs, params.numa orders them);
+    when the kernels' compile cache is empty, one line says so and the kernels are compiled here (counted in
+    the load time) so the pause comes right after the message."""
     path = resolve_model(model, cache_dir())
     ngl = str(ngl).strip().lower() or "0"
     if ngl != "auto" and ngl != "all" and not ngl.isdigit():
@@ -34,8 +51,16 @@ def load_engine(model: str | None, params: EngineParams, ngl: str = "0",
             note(f"warning: -ngl {ngl} asked for GPU layers but no GPU is usable ({why}); running on the CPU")
             ngl = "0"
     budget = parse_size(vram_budget) if vram_budget else None
-    n_threads = configure_threads(params.n_threads)
+    threads = setup_threads(params.n_threads, params.cpus, params.numa)
+    marker_dir = cache_dir() or default_cache_dir()
+    compile_first = kernel_cache_stale(marker_dir)
+    if compile_first:
+        note("compiling kernels (first run only) …")
+    verbose = ngl != "0" or params.use_mlock or bool(params.numa)
     t0 = time.perf_counter()
-    engine = Engine.load(path, replace(params, n_threads=n_threads, n_gpu_layers=ngl, vram_budget=budget),
-                         progress=note if ngl != "0" else None)
+    engine = Engine.load(path, replace(params, n_threads=threads.n_threads, n_gpu_layers=ngl, vram_budget=budget),
+                         progress=note if verbose else None)
+    if compile_first:
+        engine.warmup()
+        mark_kernels_compiled(marker_dir)
     return engine, 1000 * (time.perf_counter() - t0)
