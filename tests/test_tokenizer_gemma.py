@@ -13,9 +13,9 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from gguf_io import open_gguf
 from hybrid.tokenizer import Tokenizer
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "gemma-3-270m"
@@ -28,34 +28,9 @@ def _model_path() -> Path:
 
 
 def load_metadata(path: Path) -> dict:
-    """GGUF metadata as GGUFFile.metadata shapes it (gguf_io if present, else gguf.GGUFReader)."""
-    try:
-        from gguf_io import open_gguf
-    except ImportError:
-        open_gguf = None
-    if open_gguf is not None:
-        with open_gguf(path) as f:
-            return dict(f.metadata)
-    from gguf import GGUFReader, GGUFValueType
-
-    md: dict = {}
-    for name, field in GGUFReader(path).fields.items():
-        if name.startswith("GGUF."):
-            continue
-        kind = field.types[0]
-        if kind == GGUFValueType.ARRAY:
-            parts = [field.parts[i] for i in field.data]
-            if field.types[1] == GGUFValueType.STRING:
-                md[name] = [bytes(p).decode("utf-8", "surrogateescape") for p in parts]
-            else:
-                md[name] = np.array([p[0] for p in parts], dtype=parts[0].dtype if parts else np.int32)
-        elif kind == GGUFValueType.STRING:
-            md[name] = bytes(field.parts[-1]).decode("utf-8", "surrogateescape")
-        elif kind == GGUFValueType.BOOL:
-            md[name] = bool(field.parts[-1][0])
-        else:
-            md[name] = field.parts[-1][0].item()
-    return md
+    """GGUF metadata as GGUFFile.metadata shapes it (test_reader checks it against gguf.GGUFReader)."""
+    with open_gguf(path) as f:
+        return dict(f.metadata)
 
 
 @lru_cache(maxsize=None)
