@@ -7,6 +7,8 @@
 // of the keys; lane l holds elements [l*E, l*E + E) of a row (head_dim = 32 E). Each warp runs its own online
 // softmax over every 4th group of U keys; the 4 warps are merged through shared memory. With several splits
 // the partial (max, sum, acc) go to a workspace and attn_combine merges them (flash-decoding).
+// chunk <= 0 asks for a dynamic split: chunk = max(-chunk, ceil(n_eff / n_splits)) with n_eff read from the
+// positions on the device, so a CUDA graph captured once (grid fixed by the cache size) serves every position.
 
 #define ATT_WARPS 4
 
@@ -78,10 +80,22 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u8*
     const int nh = min(HPC, hk * G + G - h0);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
+    if (chunk <= 0) {  // dynamic split (graph replays): the keys in use follow the positions on the device
+        const int n_eff = min(n_kv, pos[gridDim.z - 1] + 1);  // positions ascend: the last token sees the most
+        chunk = max(-chunk, (n_eff + n_splits - 1) / n_splits);
+    }
     const int p = pos[t];
     const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
     const int hi = min(p, n_kv - 1) + 1;  // exclusive
     const int c0 = max(lo, split * chunk), c1 = min(hi, (split + 1) * chunk);
+    if (c0 >= c1 && n_splits > 1) {  // an empty split (CTA-uniform): mark it for attn_combine, which skips it
+        for (int g = threadIdx.x; g < nh; g += blockDim.x) {
+            const size_t oh = (size_t)t * n_head + h0 + g;
+            part_ms[(oh * n_splits + split) * 2] = NEG_INF;
+            part_ms[(oh * n_splits + split) * 2 + 1] = 0.0f;
+        }
+        return;
+    }
 
     float qr[HPC][E];
 #pragma unroll
@@ -190,6 +204,7 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ms, const
     float S = 0.0f, A = 0.0f;
     if (M != NEG_INF) {
         for (int s = 0; s < n_splits; ++s) {
+            if (part_ms[(oh * n_splits + s) * 2] == NEG_INF) continue;  // empty split: part_acc not written
             const float f = expf(part_ms[(oh * n_splits + s) * 2] - M);
             S += part_ms[(oh * n_splits + s) * 2 + 1] * f;
             A += part_acc[(oh * n_splits + s) * D + j] * f;
@@ -203,7 +218,11 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ms, const
         const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,                    \
         const i32* __restrict__ pos, float* __restrict__ out, float* __restrict__ part_ms,                    \
         float* __restrict__ part_acc, int n_head, int n_head_kv, int code_k, int code_v, int rbk, int rbv,    \
-        int n_kv, int chunk, int n_splits, float scale, int n_swa) {                                          \
+        int n_kv, int chunk, int n_splits, float scale, int n_swa, int indirect) {                            \
+        if (indirect) { /* kc, vc: slots holding the cache's addresses (graph replays over another cache) */  \
+            kc = *(const u8* const*)kc;                                                                       \
+            vc = *(const u8* const*)vc;                                                                       \
+        }                                                                                                     \
         attn_body<E, HPC>(q, kc, vc, pos, out, part_ms, part_acc, n_head, n_head_kv, code_k, code_v, rbk, rbv, \
                           n_kv, chunk, n_splits, scale, n_swa);                                               \
     }

@@ -26,11 +26,15 @@ def _heads_per_cta(group: int, e: int) -> int:
 
 
 def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_swa: int = 0, out=None,
-              target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK):
+              target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK, dynamic: bool = False,
+              slots: tuple[int, int] | None = None):
     """q (n_tok, n_head, head_dim) f32 (cupy) at positions (cupy int32 (n_tok,)) over cache cells [0, n_kv)
     -> (n_tok, n_head, head_dim) f32: softmax(scale q.k) v with causal and sliding-window (n_swa > 0) masks.
     The batch's own K/V must be stored first. head_dim_k must equal head_dim_v (a multiple of 32, <= 256).
-    target_ctas / min_chunk steer the split of the keys across CTAs (tuning knobs)."""
+    target_ctas / min_chunk steer the split of the keys across CTAs (tuning knobs).
+    dynamic=True: the launch geometry depends on n_kv (pass the cache size) and not on the positions, whose
+    values the kernel reads from the device to size its key chunks (ascending positions): one CUDA graph
+    captured with it is right for every position. slots: as kv_cache.kv_store's (the cache read through them)."""
     import cupy  # noqa: PLC0415
 
     if not isinstance(q, cupy.ndarray) or q.dtype != cupy.float32 or q.ndim != 3:
@@ -57,19 +61,24 @@ def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_s
     ctas = n_tok * n_head_kv * gpk
     max_splits = max(1, -(-n_kv // min_chunk))
     n_splits = min(max_splits, max(1, -(-target_ctas // ctas)))
-    chunk = max(1, -(-n_kv // n_splits))
-    n_splits = max(1, -(-n_kv // chunk))
+    if dynamic:
+        chunk = -max(1, min_chunk)  # the kernel takes max(min_chunk, ceil(keys in use / n_splits))
+    else:
+        chunk = max(1, -(-n_kv // n_splits))
+        n_splits = max(1, -(-n_kv // chunk))
     if n_splits > 1:
         part_ms = cupy.empty((n_tok * n_head * n_splits * 2,), dtype=cupy.float32)
         part_acc = cupy.empty((n_tok * n_head * n_splits * d,), dtype=cupy.float32)
     else:
         part_ms = part_acc = np.uint64(0)
     i32 = np.int32
+    kc, vc = (layer.k, layer.v) if slots is None else (np.uint64(slots[0]), np.uint64(slots[1]))
     fn = get_kernel("attention", f"attn_e{e}_h{hpc}", (("ATT_E", e), ("ATT_HPC", hpc)))
     fn((n_splits, n_head_kv * gpk, n_tok), (ATT_THREADS,),
-       (q, layer.k, layer.v, positions, out, part_ms, part_acc, i32(n_head), i32(n_head_kv),
+       (q, kc, vc, positions, out, part_ms, part_acc, i32(n_head), i32(n_head_kv),
         i32(kv_type_code(layer.type_k)), i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]),
-        i32(layer.v.shape[2]), i32(n_kv), i32(chunk), i32(n_splits), np.float32(scale), i32(n_swa)))
+        i32(layer.v.shape[2]), i32(n_kv), i32(chunk), i32(n_splits), np.float32(scale), i32(n_swa),
+        i32(slots is not None)))
     if n_splits > 1:
         get_kernel("attention", "attn_combine")((n_tok * n_head,), (d,), (part_ms, part_acc, out, i32(n_splits), i32(d)))
     return out

@@ -3,12 +3,15 @@
 // head_dim as ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref (block_q8_0: d fp16, qs[32] int8;
 // block_q4_0: d fp16, qs[16], element j in the low nibble and j + 16 in the high nibble of qs[j]).
 // Products and sums that the reference rounds separately use __fmul_rn / __fadd_rn (no FMA contraction).
+// indirect != 0: dst is the device address of a slot holding the cache's address (CUDA graphs replayed over
+// another cache of the same shape rewrite the slot, not the graph).
 
 // x (n_tok, n_head_kv, hd) f32 -> rows of f32 (code 0) or f16 (code 1); one thread per element
 extern "C" __global__ void kv_store_float(const float* __restrict__ x, const i32* __restrict__ pos, u8* dst,
-                                          int n_tok, int n_head_kv, int hd, int code) {
+                                          int n_tok, int n_head_kv, int hd, int code, int indirect) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)n_tok * n_head_kv * hd) return;
+    if (indirect) dst = *(u8* const*)dst;
     const int j = (int)(i % hd);
     const long long th = i / hd;  // t * n_head_kv + h
     const int h = (int)(th % n_head_kv), t = (int)(th / n_head_kv);
@@ -19,11 +22,12 @@ extern "C" __global__ void kv_store_float(const float* __restrict__ x, const i32
 
 // one warp per block of 32 values: lane j holds element j. code 2 = q8_0, 3 = q4_0
 extern "C" __global__ void kv_store_quant(const float* __restrict__ x, const i32* __restrict__ pos, u8* dst,
-                                          int n_tok, int n_head_kv, int hd, int code) {
+                                          int n_tok, int n_head_kv, int hd, int code, int indirect) {
     const int lane = threadIdx.x & 31;
     const long long blk = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int nb = hd >> 5;  // blocks per row
     if (blk >= (long long)n_tok * n_head_kv * nb) return;  // whole warps leave together
+    if (indirect) dst = *(u8* const*)dst;
     const int b = (int)(blk % nb);
     const long long th = blk / nb;
     const int h = (int)(th % n_head_kv), t = (int)(th / n_head_kv);

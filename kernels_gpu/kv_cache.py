@@ -69,22 +69,27 @@ def alloc_kv_layer(n_ctx: int, n_head_kv: int, head_dim_k: int, head_dim_v: int 
     return GpuKVCacheLayer(type_k, type_v, head_dim_k, head_dim_v, k, v)
 
 
-def _store(dst, x, positions, code: int) -> None:
+def _store(dst, x, positions, code: int, slot: int | None) -> None:
     n_tok, n_head_kv, hd = x.shape
     i32 = np.int32
+    dst_arg, indirect = (dst, 0) if slot is None else (np.uint64(slot), 1)
     if code <= 1:
         total = n_tok * n_head_kv * hd
         get_kernel("kv", "kv_store_float")(((total + 255) // 256,), (256,),
-                                           (x, positions, dst, i32(n_tok), i32(n_head_kv), i32(hd), i32(code)))
+                                           (x, positions, dst_arg, i32(n_tok), i32(n_head_kv), i32(hd), i32(code),
+                                            i32(indirect)))
     else:
         threads = n_tok * n_head_kv * hd  # one lane per value, one warp per block of 32
         get_kernel("kv", "kv_store_quant")(((threads + 255) // 256,), (256,),
-                                           (x, positions, dst, i32(n_tok), i32(n_head_kv), i32(hd), i32(code)))
+                                           (x, positions, dst_arg, i32(n_tok), i32(n_head_kv), i32(hd), i32(code),
+                                            i32(indirect)))
 
 
-def kv_store(layer: GpuKVCacheLayer, positions, k, v) -> None:
+def kv_store(layer: GpuKVCacheLayer, positions, k, v, slots: tuple[int, int] | None = None) -> None:
     """Write k (n_tok, n_head_kv, head_dim_k) and v (n_tok, n_head_kv, head_dim_v) f32 (cupy) at cells =
-    positions (cupy int32 (n_tok,), values already checked to lie in [0, n_ctx))."""
+    positions (cupy int32 (n_tok,), values already checked to lie in [0, n_ctx)).
+    slots: device addresses of two uint64 slots holding the addresses of layer.k and layer.v (read by the kernels
+    when they run): a CUDA graph captured with slots serves any cache of this layer's shape."""
     import cupy  # noqa: PLC0415
 
     n_tok = positions.shape[0]
@@ -95,5 +100,5 @@ def kv_store(layer: GpuKVCacheLayer, positions, k, v) -> None:
         return
     k = cupy.ascontiguousarray(k, dtype=cupy.float32)
     v = cupy.ascontiguousarray(v, dtype=cupy.float32)
-    _store(layer.k, k, positions, kv_type_code(layer.type_k))
-    _store(layer.v, v, positions, kv_type_code(layer.type_v))
+    _store(layer.k, k, positions, kv_type_code(layer.type_k), None if slots is None else slots[0])
+    _store(layer.v, v, positions, kv_type_code(layer.type_v), None if slots is None else slots[1])

@@ -477,3 +477,83 @@ def test_engine_offload_all_layers(tmp_path):
     finally:
         cpu.close()
         gpu.close()
+
+
+# ---------------------------------------------------------------- decode steps as CUDA graphs
+
+def _slots_for(layer):
+    """Two device uint64 slots holding layer.k / layer.v's addresses -> (array, (k slot, v slot))."""
+    s = cupy.asarray(np.array([layer.k.data.ptr, layer.v.data.ptr], dtype=np.uint64))
+    return s, (s.data.ptr, s.data.ptr + 8)
+
+
+@pytest.mark.parametrize("type_kv", ["f16", "q8_0"])
+@pytest.mark.parametrize("n_ctx", [40, 700, 4096])
+def test_attention_dynamic_split_and_slots(type_kv, n_ctx):
+    """The graph-mode launch (grid from the cache size, key chunks from the device positions, cache read
+    through slots) gives the eager launch's result at every position, with and without a sliding window."""
+    rng = np.random.default_rng(n_ctx)
+    n_head, n_head_kv, hd = 8, 2, 128
+    layer = alloc_kv_layer(n_ctx, n_head_kv, hd, hd, type_kv, type_kv)
+    k = rng.standard_normal((n_ctx, n_head_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_ctx, n_head_kv, hd)).astype(np.float32)
+    kv_store(layer, cupy.arange(n_ctx, dtype=cupy.int32), cupy.asarray(k), cupy.asarray(v))
+    slots, sl = _slots_for(layer)
+    for p in sorted(q for q in {0, 1, 63, 64, 65, n_ctx // 2, n_ctx - 1} if q < n_ctx):
+        pos = cupy.asarray(np.array([p], dtype=np.int32))
+        q = cupy.asarray(rng.standard_normal((1, n_head, hd)).astype(np.float32))
+        for n_swa in (0, 30):
+            ref = attention(q, layer, pos, p + 1, 0.09, n_swa).get()
+            for s in (None, sl):
+                out = cupy.full((1, n_head, hd), np.nan, dtype=cupy.float32)
+                got = attention(q, layer, pos, n_ctx, 0.09, n_swa, out=out, dynamic=True, slots=s).get()
+                assert np.isfinite(got).all()
+                assert nmse(got, ref) < 1e-12, (p, n_swa, s is not None)
+
+
+@pytest.mark.parametrize("type_name", ["f32", "f16", "q8_0", "q4_0"])
+def test_kv_store_through_slots(type_name):
+    rng = np.random.default_rng(5)
+    a = alloc_kv_layer(16, 2, 64, 64, type_name, type_name)
+    b = alloc_kv_layer(16, 2, 64, 64, type_name, type_name)
+    k = rng.standard_normal((3, 2, 64)).astype(np.float32)
+    v = rng.standard_normal((3, 2, 64)).astype(np.float32)
+    pos = cupy.asarray(np.array([3, 9, 15], dtype=np.int32))
+    kv_store(a, pos, cupy.asarray(k), cupy.asarray(v))
+    slots, sl = _slots_for(b)
+    kv_store(a, pos, cupy.asarray(k), cupy.asarray(v), slots=sl)  # `a` describes the shape, the slots say where
+    np.testing.assert_array_equal(b.k.get(), a.k.get())
+    np.testing.assert_array_equal(b.v.get(), a.v.get())
+
+
+def test_graph_runner_replays_for_new_inputs_and_falls_back():
+    from kernels_gpu.graph import CaptureUnsupported, GraphRunner
+
+    runner = GraphRunner()
+    w = cupy.asarray(np.arange(8, dtype=np.float32))
+    cache = cupy.zeros((4, 8), dtype=cupy.float32)
+
+    def step(x, pos, slots):  # y = x * w + pos, and a write through a slot-free buffer
+        return ops.scale(x, 2.0) * w + pos.astype(cupy.float32)
+
+    for i in range(5):
+        x = np.full((1, 8), i, dtype=np.float32)
+        got = runner.run("k", step, x, i, [cache.data.ptr])
+        np.testing.assert_array_equal(got, x * 2 * np.arange(8, dtype=np.float32) + i,
+                                      err_msg=f"step {i}: {runner.report()} {runner.stats}")
+    st = runner.stats
+    assert (st.captured, st.replays, st.eager) == (1, 4, 1), (runner.report(), st)
+    assert not runner.fallback, runner.report()
+
+    def bad(x, pos, slots):
+        if runner.capturing:
+            raise CaptureUnsupported("not capturable: a host round trip")
+        return x + 1
+
+    for i in range(3):
+        np.testing.assert_array_equal(runner.run("bad", bad, np.zeros((1, 8), np.float32), i, []), 1,
+                                      err_msg=f"bad step {i}: {runner.report()}")
+    assert runner.fallback and "host round trip" in runner.report(), runner.report()
+    # the good key still replays
+    np.testing.assert_array_equal(runner.run("k", step, np.ones((1, 8), np.float32), 7, [cache.data.ptr]),
+                                  (2 * np.arange(8, dtype=np.float32) + 7)[None])

@@ -1,0 +1,198 @@
+"""Per-token GPU work replayed as CUDA graphs (CuPy stream capture), with static inputs and eager fallback.
+
+A step is a Python function `fn(x, pos, slots) -> cupy array` that launches kernels only: x (1, n) float32 is
+the hidden state, pos (1,) int32 the position, slots (2 L,) uint64 the addresses of the L KV-cache layers it
+writes (kv_cache.kv_store / attention read them on the device). All three live in one device buffer per graph
+that a single asynchronous copy from pinned memory fills before each run, so the graph captured once per key
+(shapes, never values or cache addresses) is replayed for every token and every cache of that shape.
+
+The first run of a key is eager (it compiles kernels and fills the graph's private memory pool, so that the
+capture allocates nothing new), the second is captured; a step that cannot be captured (it raises
+CaptureUnsupported, e.g. MoE routing on the host) runs eagerly from then on, and `report()` says so.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class CaptureUnsupported(RuntimeError):
+    """Raised by a step that cannot be captured into a CUDA graph (a host round trip inside it)."""
+
+
+def _align(n: int, a: int = 256) -> int:
+    return -(-n // a) * a
+
+
+@dataclass
+class _Entry:
+    pool: object  # cupy.cuda.MemoryPool private to this key: its scratch is never handed to other code
+    inbuf: object  # cupy uint8: [x float32 (1, n) | pos int32 | slots uint64 (2 L)], filled by one copy
+    x: object
+    pos: object
+    slots: object
+    n_slots: int
+    graph: object = None
+    out: object = None
+    runs: int = 0
+    reason: str | None = None  # why this key runs eagerly (None: it is captured, or will be)
+
+
+@dataclass
+class GraphStats:
+    captured: int = 0
+    replays: int = 0
+    eager: int = 0  # eager runs: first runs of a key, disabled graphs, or steps that cannot be captured
+    capture_ms: float = 0.0
+    reasons: dict = field(default_factory=dict)  # reason -> eager runs for it
+
+
+class GraphRunner:
+    """Runs decode steps on its own stream, captured once per key and replayed (see the module docstring)."""
+
+    def __init__(self, max_graphs: int = 16) -> None:
+        import cupy  # noqa: PLC0415
+
+        self._cp = cupy
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.enabled = True  # False: every step runs eagerly (reported as such)
+        self.capturing = False  # True while a step is being captured: host round trips must raise
+        self.max_graphs = max_graphs
+        self.stats = GraphStats()
+        self._entries: OrderedDict = OrderedDict()
+        self._h_in: np.ndarray | None = None  # pinned staging for the input buffer
+        self._h_in_mem = None
+        self._h_out: np.ndarray | None = None  # pinned landing for the output
+        self._h_out_mem = None
+        self._ready = cupy.cuda.Event(disable_timing=True)
+
+    # ---- pinned host buffers
+    def _pinned(self, nbytes: int, which: str) -> np.ndarray:
+        buf = getattr(self, f"_h_{which}")
+        if buf is None or buf.nbytes < nbytes:
+            mem = self._cp.cuda.alloc_pinned_memory(max(nbytes, 1 << 16))
+            setattr(self, f"_h_{which}_mem", mem)
+            buf = np.frombuffer(mem, np.uint8, max(nbytes, 1 << 16))
+            setattr(self, f"_h_{which}", buf)
+        return buf[:nbytes]
+
+    def _new_entry(self, x_shape: tuple[int, ...], n_slots: int) -> _Entry:
+        cp = self._cp
+        nx = int(np.prod(x_shape)) * 4
+        off_pos = _align(nx)
+        off_slots = off_pos + 256
+        end = off_slots + 8 * max(n_slots, 1)
+        inbuf = cp.zeros(end, dtype=cp.uint8)
+        return _Entry(cp.cuda.MemoryPool(), inbuf, inbuf[:nx].view(cp.float32).reshape(x_shape),
+                      inbuf[off_pos:off_pos + 4].view(cp.int32), inbuf[off_slots:end].view(cp.uint64), n_slots)
+
+    # ---- one step
+    def run(self, key, fn, x: np.ndarray, position: int, slot_ptrs: list[int]) -> np.ndarray:
+        """fn's result for hidden state x (host, (1, n) float32) at `position`, with the KV-cache addresses
+        slot_ptrs in the slots; key names everything shape-relevant of fn (its graph is reused for equal keys)."""
+        cp = self._cp
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        key = (key, x.shape, len(slot_ptrs))
+        e = self._entries.get(key)
+        if e is None:
+            e = self._entries[key] = self._new_entry(x.shape, len(slot_ptrs))
+            while len(self._entries) > self.max_graphs:
+                _, old = self._entries.popitem(last=False)
+                old.graph = old.out = None
+                old.pool.free_all_blocks()
+        else:
+            self._entries.move_to_end(key)
+        st = self.stream
+        # after whatever the legacy stream queued before (a new cache's memset, a prefill)
+        self._ready.record(cp.cuda.Stream.null)
+        st.wait_event(self._ready)
+        # one host -> device copy: x, the position and the cache addresses
+        h = self._pinned(e.inbuf.nbytes, "in")
+        h[: x.nbytes] = x.reshape(-1).view(np.uint8)
+        off_pos = e.pos.data.ptr - e.inbuf.data.ptr
+        h[off_pos:off_pos + 4] = np.array([position], dtype=np.int32).view(np.uint8)
+        if e.n_slots:
+            off_slots = e.slots.data.ptr - e.inbuf.data.ptr
+            h[off_slots:off_slots + 8 * e.n_slots] = np.asarray(slot_ptrs, dtype=np.uint64).view(np.uint8)
+        cp.cuda.runtime.memcpyAsync(e.inbuf.data.ptr, h.ctypes.data, e.inbuf.nbytes,
+                                    cp.cuda.runtime.memcpyHostToDevice, st.ptr)
+        if e.graph is None and e.reason is None and e.runs > 0 and self.enabled:
+            self._capture(e, fn)
+        if e.graph is not None and self.enabled:
+            e.graph.launch(st)
+            out = e.out
+            self.stats.replays += 1
+        else:
+            with st, cp.cuda.using_allocator(e.pool.malloc):
+                out = cp.ascontiguousarray(fn(e.x, e.pos, e.slots), dtype=cp.float32)
+            self.stats.eager += 1
+            why = e.reason or ("graphs disabled" if not self.enabled and e.runs > 0 else "first run of a shape")
+            self.stats.reasons[why] = self.stats.reasons.get(why, 0) + 1
+        e.runs += 1
+        ho = self._pinned(out.nbytes, "out")
+        cp.cuda.runtime.memcpyAsync(ho.ctypes.data, out.data.ptr, out.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
+                                    st.ptr)
+        st.synchronize()
+        return ho.view(np.float32)[: out.size].reshape(out.shape).copy()
+
+    def _capture(self, e: _Entry, fn) -> None:
+        cp = self._cp
+        st = self.stream
+        t0 = time.perf_counter()
+        err: BaseException | None = None
+        graph = out = None
+        with st, cp.cuda.using_allocator(e.pool.malloc):
+            self.capturing = True
+            try:
+                st.begin_capture()
+            except Exception as exc:  # noqa: BLE001 - reported, then eager
+                self.capturing = False
+                e.reason = f"capture could not start ({type(exc).__name__}: {exc})"
+                return
+            try:
+                out = cp.ascontiguousarray(fn(e.x, e.pos, e.slots), dtype=cp.float32)
+            except Exception as exc:  # noqa: BLE001 - end the capture first, then report
+                err = exc
+            self.capturing = False
+            try:
+                g = st.end_capture()
+            except Exception as exc:  # noqa: BLE001
+                g = None
+                err = err or exc
+            if err is None:
+                try:
+                    if hasattr(g, "upload"):
+                        g.upload(st)
+                    graph = g
+                except Exception as exc:  # noqa: BLE001
+                    err = exc
+        if err is not None:
+            e.reason = (str(err) if isinstance(err, CaptureUnsupported)
+                        else f"capture failed ({type(err).__name__}: {err})")
+            return
+        e.graph, e.out = graph, out
+        self.stats.captured += 1
+        self.stats.capture_ms += 1000 * (time.perf_counter() - t0)
+
+    def report(self) -> str:
+        """One line: how decode steps ran (graphs replayed, or eager launches and why)."""
+        s = self.stats
+        fallbacks = {k: v for k, v in s.reasons.items() if k != "first run of a shape"}
+        parts = []
+        if s.captured or s.replays:
+            parts.append(f"CUDA graphs: {s.captured} captured ({s.capture_ms:.0f} ms), {s.replays} replays")
+        if s.eager:
+            parts.append(f"{s.eager} eager runs")
+        line = ", ".join(parts) or "no decode steps yet"
+        if fallbacks:
+            line += "; EAGER FALLBACK: " + "; ".join(f"{k} ({v} runs)" for k, v in fallbacks.items())
+        return line
+
+    @property
+    def fallback(self) -> bool:
+        """True when some decode step ran eagerly for a reason other than being the first run of its shape."""
+        return any(k != "first run of a shape" for k in self.stats.reasons)

@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""Where the time of one decode token goes on the GPU (all layers offloaded), for docs/BENCHMARKS.md.
+
+    python3 scripts/decode_profile.py MODEL.gguf [--depth 64] [-ctk f16] [-ctv f16] [--json OUT.json]
+
+Measures (1) the wall time of Engine.eval([tok]) per token (what `hybrid bench` tg sees), (2) the GPU time of
+the captured token graph replayed alone (CUDA events), (3) each backend op of one token recorded eagerly and
+re-timed per op kind as a CUDA graph over all of that kind's calls of the token (so weights stream from HBM as
+in a real token, not from L2), with bytes moved and GB/s for the matmuls. The weight bytes over the measured
+device copy rate give the bandwidth limit on tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from gpu_check import time_events, time_graph  # noqa: E402
+
+OPS = ("matmul", "rms_norm", "rms_norm_heads", "rope", "scale", "glu", "kv_store", "attention")
+
+
+def copy_rate() -> float:
+    import cupy
+
+    a = cupy.ones(1 << 28, dtype=cupy.float32)
+    b = cupy.empty_like(a)
+    t = time_events(lambda: cupy.copyto(b, a), reps=10)
+    return 2 * a.nbytes / t
+
+
+def record_token(eng, gpu, cache, tok: int) -> list[tuple[tuple, object, int]]:
+    """(kind key, replay closure, bytes read from weights) of every backend op of one eager decode token."""
+    calls = []
+    saved = {}
+    for name in OPS:
+        orig = getattr(gpu, name)
+        saved[name] = orig
+
+        def wrapper(*a, _orig=orig, _name=name, **k):
+            if _name == "matmul":
+                w = a[0]
+                key, nbytes = (_name, w.type_name, tuple(w.shape)), int(w.raw.nbytes)
+            else:
+                first = next((v for v in a if hasattr(v, "shape")), None)
+                key, nbytes = (_name, tuple(first.shape) if first is not None else ()), 0
+            calls.append((key, lambda: _orig(*a, **k), nbytes))
+            return _orig(*a, **k)
+
+        setattr(gpu, name, wrapper)
+    use = gpu.use_graphs
+    gpu.use_graphs = False
+    try:
+        eng.eval([tok], cache)
+    finally:
+        gpu.use_graphs = use
+        for name in OPS:
+            delattr(gpu, name)  # back to the class's methods
+    return calls
+
+
+def main() -> int:
+    import cupy
+
+    from hybrid.engine import Engine, EngineParams
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model", type=Path)
+    ap.add_argument("--depth", type=int, default=64, help="tokens in the cache before the profiled token")
+    ap.add_argument("-ctk", default="f16")
+    ap.add_argument("-ctv", default="f16")
+    ap.add_argument("--tokens", type=int, default=40)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+
+    eng = Engine.load(args.model, EngineParams(n_ctx=1024, n_gpu_layers="all", type_k=args.ctk, type_v=args.ctv))
+    gpu = eng.output_backend
+    rng = np.random.default_rng(3)
+    cache = eng.new_cache()
+    eng.eval(rng.integers(0, eng.config.n_vocab, args.depth), cache)
+    for _ in range(3):  # first run eager, second captured, third replayed
+        eng.eval([int(rng.integers(0, eng.config.n_vocab))], cache)
+    wall = []
+    for _ in range(args.tokens):
+        t0 = time.perf_counter()
+        eng.eval([int(rng.integers(0, eng.config.n_vocab))], cache)
+        wall.append(time.perf_counter() - t0)
+    wall_s = statistics.median(wall)
+    runner = gpu._graphs
+    entry = next(reversed(runner._entries.values()))
+    st = runner.stream
+    gt = []
+    for _ in range(20):
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record(st)
+        entry.graph.launch(st)
+        b.record(st)
+        b.synchronize()
+        gt.append(cupy.cuda.get_elapsed_time(a, b) / 1e3)
+    graph_s = statistics.median(gt)
+
+    calls = record_token(eng, gpu, cache, int(rng.integers(0, eng.config.n_vocab)))
+    groups: dict = defaultdict(list)
+    for key, fn, nbytes in calls:
+        groups[key].append((fn, nbytes))
+    import kernels_gpu.matmul as km
+
+    rows = []
+    for key, items in groups.items():
+        t, how = time_graph([fn for fn, _ in items], reps=5)
+        nbytes = sum(b for _, b in items) / len(items)
+        row = {"op": " ".join(map(str, key)), "calls": len(items), "us_per_call": 1e6 * t,
+               "us_per_token": 1e6 * t * len(items), "GBps": nbytes / t / 1e9 if nbytes else None, "timed_as": how}
+        if key[0] == "matmul":  # A/B: the matvec loop before MV_HOIST
+            saved, km.MATVEC_DEFINES = km.MATVEC_DEFINES, (("MV_HOIST", 0),)
+            try:
+                t0, _ = time_graph([fn for fn, _ in items], reps=5)
+                row["us_per_call_no_hoist"] = 1e6 * t0
+            finally:
+                km.MATVEC_DEFINES = saved
+        rows.append(row)
+    # the residual adds (cupy elementwise, outside the backend): 2 per layer
+    x = cupy.ones((1, eng.config.n_embd), dtype=cupy.float32)
+    t_add, how = time_graph([lambda: x + x] * 16, reps=5)
+    rows.append({"op": "add (residual, cupy)", "calls": 2 * eng.config.n_layer, "us_per_call": 1e6 * t_add,
+                 "us_per_token": 1e6 * t_add * 2 * eng.config.n_layer, "GBps": None, "timed_as": how})
+    rows.sort(key=lambda r: -r["us_per_token"])
+    w_bytes = sum(int(w.raw.nbytes) for lw in eng.weights.layers for w in lw.values())
+    w_bytes += int(eng.weights.output.raw.nbytes) + int(eng.weights.output_norm.raw.nbytes)
+    rate = copy_rate()
+    sum_ops = sum(r["us_per_token"] for r in rows) / 1e6
+    n_launch = sum(r["calls"] for r in rows)
+    summary = {
+        "model": str(args.model), "depth": args.depth, "kv": f"{args.ctk}/{args.ctv}",
+        "wall_ms_per_token": 1e3 * wall_s, "tg_tps": 1 / wall_s,
+        "graph_gpu_ms_per_token": 1e3 * graph_s, "graph_tps": 1 / graph_s,
+        "sum_of_ops_ms": 1e3 * sum_ops, "backend_ops_per_token": n_launch,
+        "host_overhead_ms": 1e3 * (wall_s - graph_s),
+        "weight_bytes_on_gpu": w_bytes, "d2d_copy_GBps": rate / 1e9,
+        "bandwidth_limit_ms": 1e3 * w_bytes / rate, "bandwidth_limit_tps": rate / w_bytes,
+        "graph_report": gpu.graph_report(),
+    }
+    print(f"\n=== decode profile: {args.model.name}, depth {args.depth}, KV {args.ctk}/{args.ctv}")
+    print(f"{'op':44s} {'calls':>5s} {'us/call':>8s} {'us/token':>9s} {'GB/s':>7s} {'old loop us/call':>16s}")
+    for r in rows:
+        gb = f"{r['GBps']:7.0f}" if r["GBps"] else "       "
+        old = f"{r['us_per_call_no_hoist']:16.1f}" if "us_per_call_no_hoist" in r else ""
+        print(f"{r['op'][:44]:44s} {r['calls']:5d} {r['us_per_call']:8.1f} {r['us_per_token']:9.1f} {gb} {old}")
+    for k, v in summary.items():
+        print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
+    if args.json:
+        args.json.write_text(json.dumps({"summary": summary, "ops": rows}, indent=1))
+    eng.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
