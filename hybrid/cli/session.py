@@ -54,13 +54,12 @@ def load_engine(model: str | None, params: EngineParams, ngl: str = "0",
     threads = setup_threads(params.n_threads, params.cpus, params.numa)
     marker_dir = cache_dir() or default_cache_dir()
     compile_first = kernel_cache_stale(marker_dir)
-    if compile_first:
-        note("compiling kernels (first run only) …")
     verbose = ngl != "0" or params.use_mlock or bool(params.numa)
     t0 = time.perf_counter()
     engine = Engine.load(path, replace(params, n_threads=threads.n_threads, n_gpu_layers=ngl, vram_budget=budget),
                          progress=note if verbose else None)
-    if compile_first:
+    if compile_first:  # said once the model opened, so a bad file gets its one-line error alone
+        note("compiling kernels (first run only) …")
         engine.warmup()
         mark_kernels_compiled(marker_dir)
     return engine, 1000 * (time.perf_counter() - t0)
