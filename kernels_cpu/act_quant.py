@@ -6,16 +6,101 @@ stored as separate arrays (structure of arrays) rather than packed blocks, so ke
         -> qs int8 (n_tok, n_in), d float32 (n_tok, n_in/32) holding the fp16 value
   block_q8_K: d (f32), qs[256] int8, bsums[16] int16
         -> qs int8 (n_tok, n_in), d float32 (n_tok, n_in/256), bsums int16 (n_tok, n_in/16)
-These functions are compiled without fastmath: they must round exactly like C.
+These functions are compiled without fastmath: they must round exactly like C (the vector rounding in
+`simd.quantize32` is llvm.round / llvm.roundeven: roundf and nearest_int, exactly).
 """
 
 import math
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+from kernels_cpu.simd import LL_I8X32, host_features, ir_call, ir_intp, ir_ptr, ir_splat, is_bytes_array, is_f32_array
+
+LL_F32 = ir.FloatType()
+LL_F32X32 = ir.VectorType(LL_F32, 32)
 
 QK8_0 = 32
 QK_K = 256
+
+
+# -- vector intrinsics (exact: no fast-math flags on these operations) -----------------------------------------
+def _load32f(context, builder, ty, a, off_ty, off):
+    return builder.load(ir_ptr(context, builder, ty, a, ir_intp(context, builder, off_ty, off), LL_F32X32), align=4)
+
+
+def _reduce32(name):
+    @intrinsic
+    def reduce32(typingctx, a, off):
+        if not (is_f32_array(a) and isinstance(off, types.Integer)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            v = _load32f(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+            if name == "absmax":
+                v, name_ = ir_call(builder, "llvm.fabs.v32f32", LL_F32X32, [v]), "fmax"
+            else:
+                name_ = name
+            return ir_call(builder, f"llvm.vector.reduce.{name_}.v32f32", LL_F32, [v])
+        return types.float32(a, off), codegen
+    return reduce32
+
+
+absmax32 = _reduce32("absmax")
+absmax32.__doc__ = "max |a[off:off+32]| of a float32 array (finite values)."
+max32 = _reduce32("fmax")
+max32.__doc__ = "max a[off:off+32] of a float32 array (finite values)."
+min32 = _reduce32("fmin")
+min32.__doc__ = "min a[off:off+32] of a float32 array (finite values)."
+
+
+@intrinsic
+def quantize32(typingctx, a, off, scale, q, qoff, ties_even):
+    """q[qoff:qoff+32] = int8(round(a[off:off+32] * scale)) with one float32 multiply per value; rounding
+    halfway cases away from zero (C roundf, ggml's Q8_0) or, with ties_even, to even and capped at 127
+    (ggml's nearest_int, Q8_K). ties_even must be a compile-time constant."""
+    if not (is_f32_array(a) and is_bytes_array(q) and isinstance(scale, types.Float)
+            and isinstance(ties_even, (types.BooleanLiteral, types.Boolean))):
+        return None
+    if not isinstance(ties_even, types.BooleanLiteral):
+        return None
+    even = ties_even.literal_value
+
+    def codegen(context, builder, sig, args):
+        v = _load32f(context, builder, sig.args[0], args[0], sig.args[1], args[1])
+        sc = context.cast(builder, args[2], sig.args[2], types.float32)
+        v = builder.fmul(v, ir_splat(builder, LL_F32X32, sc))
+        v = ir_call(builder, "llvm.roundeven.v32f32" if even else "llvm.round.v32f32", LL_F32X32, [v])
+        if even:
+            cap = ir_splat(builder, LL_F32X32, ir.Constant(LL_F32, 127.0))
+            v = ir_call(builder, "llvm.minnum.v32f32", LL_F32X32, [v, cap])
+        iv = builder.fptosi(v, LL_I8X32)
+        p = ir_ptr(context, builder, sig.args[3], args[3], ir_intp(context, builder, sig.args[4], args[4]), LL_I8X32)
+        builder.store(iv, p, align=1)
+        return context.get_dummy_value()
+    return types.none(a, off, scale, q, qoff, ties_even), codegen
+
+
+@intrinsic
+def round_f16(typingctx, v):
+    """The float32 v rounded to the nearest fp16 (ties to even), as float32; inf past 65504 (vcvtps2ph)."""
+    if not isinstance(v, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = context.cast(builder, args[0], sig.args[0], types.float32)
+        return builder.fpext(builder.fptrunc(x, ir.HalfType()), LL_F32)
+    return types.float32(v), codegen
+
+
+def f16c_available():
+    """Whether Numba's target has F16C (round_f16 needs it: without it LLVM would call a runtime helper)."""
+    return "f16c" in host_features()
+
+
+HAS_F16C = f16c_available()  # fp16 rounding in one instruction (a Numba-frozen constant)
 
 
 @njit(cache=True)
@@ -32,28 +117,25 @@ def f32_to_f16_value(v):
     return np.float32(out)
 
 
-@njit(cache=True)
-def _roundf(v):
-    """C roundf: halfway cases away from zero (v is a float32 value; float64 arithmetic here is exact)."""
-    a = math.floor(abs(np.float64(v)) + 0.5)
-    return -a if v < 0 else a
-
-
-@njit(cache=True)
-def _quantize_q8_0_rows(x, qs, d):
+# Serial: even 512 x 2048 activations take well under a millisecond, and a parallel region costs its
+# start-up on every decode step and a few seconds of first compile.
+@njit(inline="always")
+def quantize_q8_0_token(xf, qf, d, t, n_in):
     # quantize_row_q8_0_ref: d = amax/127, qs = roundf(x * (1/d)); d stored as fp16.
+    for b in range(n_in // QK8_0):
+        base = t * n_in + b * QK8_0
+        db = absmax32(xf, base) / np.float32(127.0)
+        idb = np.float32(1.0) / db if db != 0.0 else np.float32(0.0)
+        d[t, b] = round_f16(db) if HAS_F16C else f32_to_f16_value(db)
+        quantize32(xf, base, idb, qf, base, False)
+
+
+@njit(cache=True)
+def quantize_q8_0_rows(x, qs, d):
+    """Fill qs int8 (n_tok, n_in), d float32 (n_tok, n_in // 32) from C-contiguous x float32 (n_tok, n_in)."""
     n_tok, n_in = x.shape
     for t in range(n_tok):
-        for b in range(n_in // QK8_0):
-            base = b * QK8_0
-            amax = np.float32(0.0)
-            for j in range(QK8_0):
-                amax = max(amax, abs(x[t, base + j]))
-            db = amax / np.float32(127.0)
-            idb = np.float32(1.0) / db if db != 0.0 else np.float32(0.0)
-            d[t, b] = f32_to_f16_value(db)
-            for j in range(QK8_0):
-                qs[t, base + j] = np.int8(_roundf(x[t, base + j] * idb))
+        quantize_q8_0_token(x.reshape(x.size), qs.reshape(qs.size), d, t, n_in)
 
 
 def quantize_q8_0(x):
@@ -61,41 +143,55 @@ def quantize_q8_0(x):
     n_tok, n_in = x.shape
     qs = np.empty((n_tok, n_in), dtype=np.int8)
     d = np.empty((n_tok, n_in // QK8_0), dtype=np.float32)
-    _quantize_q8_0_rows(x, qs, d)
+    quantize_q8_0_rows(np.ascontiguousarray(x), qs, d)
     return qs, d
 
 
-@njit(cache=True)
-def _quantize_q8_k_rows(x, qs, d, bsums):
+@njit(inline="always")
+def quantize_q8_k_token(xf, qf, d, bsums, t, n_in):
     # quantize_row_q8_K_ref: the element of largest magnitude (first one on ties) maps to -127 exactly.
+    for b in range(n_in // QK_K):
+        base = t * n_in + b * QK_K
+        amax = np.float32(0.0)
+        hi = np.float32(-np.inf)
+        for j in range(0, QK_K, 32):
+            amax = max(amax, absmax32(xf, base + j))
+            hi = max(hi, max32(xf, base + j))
+        if amax == 0.0:
+            d[t, b] = np.float32(0.0)
+            qf[base:base + QK_K] = 0
+            bsums[t, b * 16:(b + 1) * 16] = 0
+            continue
+        vmax = amax
+        if hi != amax:
+            vmax = -amax
+        else:  # +amax is present; -amax too? then the first of the two wins
+            lo = np.float32(np.inf)
+            for j in range(0, QK_K, 32):
+                lo = min(lo, min32(xf, base + j))
+            if lo == -amax:
+                for j in range(QK_K):
+                    if abs(xf[base + j]) == amax:
+                        vmax = xf[base + j]
+                        break
+        iscale = np.float32(-127.0) / vmax
+        for j in range(0, QK_K, 32):
+            quantize32(xf, base + j, iscale, qf, base + j, True)
+        for g in range(QK_K // 16):
+            s = 0
+            for j in range(16):
+                s += qf[base + g * 16 + j]
+            bsums[t, b * 16 + g] = s
+        d[t, b] = np.float32(1.0) / iscale
+
+
+@njit(cache=True)
+def quantize_q8_k_rows(x, qs, d, bsums):
+    """Fill qs int8 (n_tok, n_in), d float32 (n_tok, n_in // 256), bsums int16 (n_tok, n_in // 16) from
+    C-contiguous x float32 (n_tok, n_in)."""
     n_tok, n_in = x.shape
     for t in range(n_tok):
-        for b in range(n_in // QK_K):
-            base = b * QK_K
-            amax = np.float32(0.0)
-            vmax = np.float32(0.0)
-            for j in range(QK_K):
-                ax = abs(x[t, base + j])
-                if ax > amax:
-                    amax = ax
-                    vmax = x[t, base + j]
-            if amax == 0.0:
-                d[t, b] = np.float32(0.0)
-                for j in range(QK_K):
-                    qs[t, base + j] = 0
-                for g in range(QK_K // 16):
-                    bsums[t, b * 16 + g] = 0
-                continue
-            iscale = np.float32(-127.0) / vmax
-            for j in range(QK_K):
-                v = np.rint(x[t, base + j] * iscale)  # nearest_int: ties to even
-                qs[t, base + j] = np.int8(min(v, 127.0))
-            for g in range(QK_K // 16):
-                s = 0
-                for j in range(16):
-                    s += qs[t, base + g * 16 + j]
-                bsums[t, b * 16 + g] = s
-            d[t, b] = np.float32(1.0) / iscale
+        quantize_q8_k_token(x.reshape(x.size), qs.reshape(qs.size), d, bsums, t, n_in)
 
 
 def quantize_q8_k(x):
@@ -105,7 +201,7 @@ def quantize_q8_k(x):
     qs = np.empty((n_tok, n_in), dtype=np.int8)
     d = np.empty((n_tok, n_in // QK_K), dtype=np.float32)
     bsums = np.empty((n_tok, n_in // 16), dtype=np.int16)
-    _quantize_q8_k_rows(x, qs, d, bsums)
+    quantize_q8_k_rows(np.ascontiguousarray(x), qs, d, bsums)
     return qs, d, bsums
 
 

@@ -2,15 +2,20 @@
 
 One explicit `KERNELS` entry per GGML type; anything else raises `UnsupportedQuantType` (no silent fallback).
 Like ggml, the activations are first converted to the weight type's vec_dot_type (`CpuKernel.vec_dot_type`).
+Few tokens (decode): SIMD integer dot products on the raw blocks (`vec_dot_legacy`, `vec_dot_k`); a batch of
+GEMM_MIN_TOKENS or more (prefill): rows decoded to float32 once per block of rows and a register-blocked
+float32 GEMM (`gemm_f32`). Both compute ggml's sums over the same quantized values (integer block sums scaled
+in float32, or float32 products of the exactly decoded values): they differ only in float32 rounding.
 """
 
 from dataclasses import dataclass
 from typing import Callable
 
+import numba
 import numpy as np
 
 from gguf_io.errors import UnsupportedQuantType
-from kernels_cpu import act_quant, quant_dot_float, quant_dot_k, quant_dot_legacy
+from kernels_cpu import act_quant, gemm_f32, quant_dot_float, vec_dot_k, vec_dot_legacy
 
 
 @dataclass(frozen=True)
@@ -24,23 +29,51 @@ class CpuKernel:
     run: Callable[[np.ndarray, np.ndarray, np.ndarray], None]  # (w_raw, x 2-D, y 2-D) -> None, fills y
 
 
-def _run_f32(w, x, y):
+# Batches of at least this many tokens go through the float32 GEMM (weights decoded once per row block);
+# smaller ones through integer dot products on the raw blocks (decode, tg). Measured on Zen 3: the dots cost
+# ~0.1 ms per token for a 2048 x 640 Q5_0 or 640 x 2048 Q4_K/Q6_K matrix, the GEMM ~0.65 ms flat up to 16
+# tokens (one padded panel): the speed crossover is 6-9 tokens. We switch at 64: the integer path is llama.cpp's own
+# arithmetic (int8 activation x quantized weight, summed exactly), the GEMM sums the same products in float32;
+# they differ by ~1e-6 relative per product, which a small model amplifies through later 8-bit activation
+# roundings (measured on Gemma 3 270M: with the GEMM from 8 tokens, a 13-token prompt's greedy output left
+# llama.cpp's at step 5). Short prompts and decode follow llama.cpp exactly; long prefills (compute-bound, where
+# the GEMM is 2x faster) take the GEMM.
+GEMM_MIN_TOKENS = 64
+INT_ROWS_PER_TASK = 16
+
+
+def _float_runner(kind, convert, small):
+    def run(w, x, y):
+        xc = convert(x)
+        if x.shape[0] >= GEMM_MIN_TOKENS:
+            gemm_f32.gemm(w, gemm_f32.FLOAT, kind, gemm_f32.pack_f32(xc), x.shape[0], y, numba.get_num_threads())
+        else:
+            small(w, xc, y)
+
+    return run
+
+
+def _small_f32(w, x, y):
     quant_dot_float.matmul_f32(w.view(np.float32), x, y)
 
 
-def _run_f16(w, x, y):
-    quant_dot_float.matmul_f16(w.view(np.uint16), act_quant.round_to_f16(x), y)
+def _small_f16(w, x, y):
+    quant_dot_float.matmul_half(w, quant_dot_float.F16, x, y, INT_ROWS_PER_TASK)
 
 
-def _run_bf16(w, x, y):
-    # ggml's vec_dot_type for BF16 is BF16: the activations are rounded to bf16 too.
-    quant_dot_float.matmul_bf16(w.view(np.uint16), act_quant.round_to_bf16(x), y)
+def _small_bf16(w, x, y):
+    # ggml's vec_dot_type for BF16 is BF16: the activations are rounded to bf16 too (act_quant.round_to_bf16).
+    quant_dot_float.matmul_half(w, quant_dot_float.BF16, x, y, INT_ROWS_PER_TASK)
 
 
 def _legacy_runner(kind):
     def run(w, x, y):
         qs, d = act_quant.quantize_q8_0(x)
-        quant_dot_legacy.matmul_legacy(w, kind, act_quant.dequantize_q8_0(qs, d), y, 16)
+        if x.shape[0] >= GEMM_MIN_TOKENS:
+            gemm_f32.gemm(w, gemm_f32.LEGACY, kind, gemm_f32.pack_q8(qs, d, 32), x.shape[0], y,
+                          numba.get_num_threads())
+        else:
+            vec_dot_legacy.matmul_q8_0_act(w, kind, qs, d, y, INT_ROWS_PER_TASK)
 
     return run
 
@@ -48,16 +81,20 @@ def _legacy_runner(kind):
 def _k_runner(kind):
     def run(w, x, y):
         qs, d, bsums = act_quant.quantize_q8_k(x)
-        quant_dot_k.matmul_k(w, kind, qs, d, bsums, y, 16)
+        if x.shape[0] >= GEMM_MIN_TOKENS:
+            gemm_f32.gemm(w, gemm_f32.K_QUANT, kind, gemm_f32.pack_q8(qs, d, 256), x.shape[0], y,
+                          numba.get_num_threads())
+        else:
+            vec_dot_k.matmul_q8_k_act(w, kind, qs, d, bsums, y, INT_ROWS_PER_TASK)
 
     return run
 
 
-_L, _K = quant_dot_legacy, quant_dot_k
+_L, _K, _G = vec_dot_legacy, vec_dot_k, gemm_f32
 KERNELS: dict[str, CpuKernel] = {
-    "F32": CpuKernel("F32", 1, 4, "F32", _run_f32),
-    "F16": CpuKernel("F16", 1, 2, "F16", _run_f16),
-    "BF16": CpuKernel("BF16", 1, 2, "BF16", _run_bf16),
+    "F32": CpuKernel("F32", 1, 4, "F32", _float_runner(_G.F32, lambda x: x, _small_f32)),
+    "F16": CpuKernel("F16", 1, 2, "F16", _float_runner(_G.F16, act_quant.round_to_f16, _small_f16)),
+    "BF16": CpuKernel("BF16", 1, 2, "BF16", _float_runner(_G.BF16, act_quant.round_to_bf16, _small_bf16)),
     # Q4_1/Q5_1 use Q8_1 in ggml; Q8_0 values carry the same information (the block sum term is exact here).
     "Q4_0": CpuKernel("Q4_0", 32, 18, "Q8_0", _legacy_runner(_L.Q4_0)),
     "Q4_1": CpuKernel("Q4_1", 32, 20, "Q8_0", _legacy_runner(_L.Q4_1)),

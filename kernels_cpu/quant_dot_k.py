@@ -1,4 +1,7 @@
 """Matrix products on raw 256-element GGML super-blocks: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
+
+The pre-SIMD kernels: `kernels_cpu.matmul` no longer dispatches here (see vec_dot_legacy, vec_dot_k, gemm_f32);
+kept as the baseline `scripts/bench_matmul.py --baseline` times in the same run, and as a plain reference.
 (vec_dot_type Q8_K), integer dot products as in ggml's ggml_vec_dot_*_q8_K.
 
 Each weight row is decoded once per batch into int16 codes already multiplied by their sub-block's integer

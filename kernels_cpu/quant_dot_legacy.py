@@ -1,5 +1,8 @@
 """Matrix products on raw 32-element GGML blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (vec_dot_type Q8_0).
 
+The pre-SIMD kernels: `kernels_cpu.matmul` no longer dispatches here (see vec_dot_legacy, vec_dot_k, gemm_f32);
+kept as the baseline `scripts/bench_matmul.py --baseline` times in the same run, and as a plain reference.
+
 Each weight row is decoded once per batch, block by block, into float32 scratch: the block's integer codes
 times its fp16 scale (plus its fp16 min for Q4_1/Q5_1). These products are exact in float32 (<= 8-bit code x
 11-bit scale), and the activations are the exact values of their Q8_0 blocks, so `row . x` equals ggml's

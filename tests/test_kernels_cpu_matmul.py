@@ -9,7 +9,7 @@ import pytest
 from gguf_io.errors import UnsupportedQuantType
 from gguf_io.quantize_ref import quantize_q8_k_parts
 from kernels_cpu import act_quant, quant_dot_float
-from kernels_cpu.matmul import KERNELS, matmul
+from kernels_cpu.matmul import GEMM_MIN_TOKENS, KERNELS, matmul
 
 NAMES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
@@ -95,6 +95,26 @@ def test_matmul_matches_float64_reference(name, shape):
     assert nmse(y, converted_activations(x, name) @ w64.T) < NMSE_TOL_SAME_ACT
     if y.size > 1:  # for one output nmse is (err / y)**2, and y may cancel to near zero
         assert nmse(y, x.astype(np.float64) @ w64.T) < NMSE_TOL[name]
+
+
+# Batches on both sides of GEMM_MIN_TOKENS (integer dots below it, the float32 GEMM from it on); 53 rows are not
+# a multiple of the GEMM's 6-row tiles or 48-row tasks, and n_in spans more than one of its 256-wide k chunks.
+BATCHES = [1, 2, 7, GEMM_MIN_TOKENS, 17, 64]
+
+
+@pytest.mark.parametrize("n_tok", BATCHES)
+@pytest.mark.parametrize("name", NAMES)
+def test_batch_sizes_on_both_paths(name, n_tok):
+    rng = np.random.default_rng(1000 + 10 * NAMES.index(name) + BATCHES.index(n_tok))
+    n_in = n_in_for(name, 2 if KERNELS[name].block_size == 256 else 9)
+    w = random_weight(name, 53, n_in, rng)
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    x[-1, :32] = 0.0  # a zero block of activations
+    y = matmul(w, name, x)
+    assert y.shape == (n_tok, 53) and np.isfinite(y).all()
+    w64 = dequantize64(w, name)
+    assert nmse(y, converted_activations(x, name) @ w64.T) < NMSE_TOL_SAME_ACT
+    assert nmse(y, x.astype(np.float64) @ w64.T) < NMSE_TOL[name]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -235,6 +255,27 @@ def test_quantize_q8_k_bit_exact_with_ggml_reference():
     assert np.array_equal(qs, ref_qs.reshape(4, 768))
     assert np.array_equal(d.view(np.uint32), ref_d.view(np.uint32))
     assert np.array_equal(bsums, ref_bsums.reshape(4, 48))
+
+
+def test_quantizers_on_ties_and_large_batches():
+    rng = np.random.default_rng(15)
+    x = (rng.standard_normal((70, 512)) * rng.uniform(0.001, 1000, (70, 1))).astype(np.float32)
+    x[0, :256] = np.arange(-127.5, 128.5, 1.0, dtype=np.float32)[:256]  # amax 127.5: many halfway cases
+    x[1, :32] = np.arange(-16, 16) + 0.5  # Q8_0 block with amax 16.5
+    x[1, 32:64] = 0.0
+    x[4:6, :256] = rng.uniform(-1, 1, (2, 256))
+    x[4, 40], x[4, 50] = -3.0, 3.0  # +amax and -amax in one block: the first one wins (Q8_K)
+    x[5, 40], x[5, 50] = 3.0, -3.0
+    x[2, 300], x[2, 310] = 1e4, -1e4
+    x[3, 256:] = -0.0
+    qs, d = act_quant.quantize_q8_0(x)
+    ref = gguf.quants.quantize(x, gguf.GGMLQuantizationType.Q8_0).reshape(70, 16, 34)
+    assert np.array_equal(qs, np.ascontiguousarray(ref[:, :, 2:]).view(np.int8).reshape(70, 512))
+    assert np.array_equal(d, np.ascontiguousarray(ref[:, :, :2]).view("<f2")[..., 0].astype(np.float32))
+    qs, d, bsums = act_quant.quantize_q8_k(x)
+    ref_d, ref_qs, ref_bsums = quantize_q8_k_parts(x)
+    assert np.array_equal(qs, ref_qs.reshape(70, 512)) and np.array_equal(bsums, ref_bsums.reshape(70, 32))
+    assert np.array_equal(d.view(np.uint32), ref_d.reshape(70, 2).view(np.uint32))
 
 
 def test_f16_scale_rounding_matches_numpy():

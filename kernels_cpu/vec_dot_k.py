@@ -1,0 +1,442 @@
+"""SIMD dot products of raw 256-element GGML super-blocks (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) with Q8_K
+activations, as ggml's ggml_vec_dot_*_q8_K on AVX2, plus the float32 row decoders the batched GEMM uses.
+
+Per 32 weights the codes are unpacked into one 32-byte vector (`simd`), multiplied with the int8 activations
+(vpmaddubsw) and by their sub-block's integer scale (vpmaddwd with the scale in each 16-bit lane: one scale per
+32, or two per 32 for the 16-element sub-blocks of Q2_K, Q3_K, Q6_K), summed exactly in int32 lanes per
+super-block and accumulated in float32 with d_w * d_x. The mins of Q2_K, Q4_K, Q5_K use the Q8_K block's
+16-element sums: y -= dmin * d_x * sum_g min_g * bsums_g, in integers up to that last product.
+Signed codes (Q3_K, Q6_K q-32, IQ4_XS levels) go through |q| and sign(q) * q8 like ggml.
+
+Activations: xq int8 (n_tok, n_in), xd float32 (n_tok, n_in/256), bsums int16 (n_tok, n_in/16).
+Weight offsets are linear byte offsets into the C-contiguous (n_out, row_bytes) w.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from kernels_cpu.simd import (abs_i8, add_i32, addc_i8, and_i8, cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32,
+                              load_nib16, load_u32, lut16_i8, madd, maddubs, or_i8, prefetch, shl_i8, shr_i8,
+                              sign_i8, splat2_i16, splat_i16, store_scaled, zero_f32, zero_i32)
+from kernels_cpu.vec_dot_legacy import KVALUES_IQ4NL
+
+QK_K = 256
+PREFETCH_BYTES = 2048
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = 0, 1, 2, 3, 4, 5  # type codes (one compiled driver for all six)
+TYPE_SIZE = np.array([84, 110, 144, 176, 210, 136], dtype=np.int64)
+
+
+# -- scales -----------------------------------------------------------------------------------------------------
+@njit(inline="always")
+def scale_min_k4(w, o, j):
+    """get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) of the q4_K/q5_K block at byte o."""
+    if j < 4:
+        return np.int32(w[o + 4 + j]) & 63, np.int32(w[o + 8 + j]) & 63
+    a, b, c = np.int32(w[o + j]), np.int32(w[o + 4 + j]), np.int32(w[o + 8 + j])
+    return (c & 0xF) | ((a >> 6) << 4), (c >> 4) | ((b >> 6) << 4)
+
+
+@njit(inline="always")
+def scales_mins_k4(w, o):
+    """The 8 scales and 8 mins of the q4_K/q5_K block at byte o, one per byte of two int64 (ggml's utmp)."""
+    u0, u1, u2 = load_u32(w, o + 4), load_u32(w, o + 8), load_u32(w, o + 12)
+    s_hi = (u2 & 0x0F0F0F0F) | (((u0 >> 6) & 0x03030303) << 4)
+    m_hi = ((u2 >> 4) & 0x0F0F0F0F) | (((u1 >> 6) & 0x03030303) << 4)
+    return (u0 & 0x3F3F3F3F) | (s_hi << 32), (u1 & 0x3F3F3F3F) | (m_hi << 32)
+
+
+@njit(inline="always")
+def scale_q3_k(w, o, j):
+    """The 6-bit scale of sub-block j (0..15) of the block_q3_K at byte o (scales[12] at 96), minus 32."""
+    b = np.int32(w[o + 96 + j % 8])
+    low = b & 0xF if j < 8 else b >> 4
+    high = (np.int32(w[o + 104 + j % 4]) >> (2 * (j // 4))) & 3
+    return (low | (high << 4)) - 32
+
+
+@njit(inline="always")
+def scale_q6_k(w, o, g):
+    s = np.int32(w[o + 192 + g])
+    return s - ((s & 128) << 1)  # int8
+
+
+@njit(inline="always")
+def scale_iq4_xs(w, o, ib):
+    scales_h = np.int32(w[o + 2]) | (np.int32(w[o + 3]) << 8)
+    low = (np.int32(w[o + 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF
+    return (low | (((scales_h >> (2 * ib)) & 3) << 4)) - 32
+
+
+# -- codes of 32 weights (g: which 32, 0..7), as one I8x32 -----------------------------------------------------
+@njit(inline="always")
+def codes_q2_k(w, o, g):
+    # block_q2_K: scales[16], qs[64] at 16, d, dmin at 80; element 128k + 32j + l = (qs[32k + l] >> 2j) & 3
+    k, j = g // 4, g % 4
+    return and_i8(shr_i8(load_i8x32(w, o + 16 + 32 * k), 2 * j), 3)
+
+
+@njit(inline="always")
+def codes_q3_k(w, o, g):
+    # block_q3_K: hmask[32], qs[64] at 32, scales[12] at 96, d at 108; element 128k + 32j + l =
+    # ((qs[32k + l] >> 2j) & 3) - (0 if bit 4k + j of hmask[l] else 4)
+    k, j = g // 4, g % 4
+    low = and_i8(shr_i8(load_i8x32(w, o + 32 + 32 * k), 2 * j), 3)
+    high = shl_i8(and_i8(shr_i8(load_i8x32(w, o), g), 1), 2)
+    return addc_i8(or_i8(low, high), -4)
+
+
+@njit(inline="always")
+def codes_q4_k(w, o, g):
+    # block_q4_K: d, dmin, scales[12], qs[128] at 16; element 64j + l = qs[32j + l] & 15, 64j + 32 + l: >> 4
+    q = load_i8x32(w, o + 16 + 32 * (g // 2))
+    return and_i8(q, 15) if g % 2 == 0 else shr_i8(q, 4)
+
+
+@njit(inline="always")
+def codes_q5_k(w, o, g):
+    # block_q5_K: d, dmin, scales[12], qh[32] at 16, qs[128] at 48; q4_K plus bit g of qh[l] as the 5th bit
+    q = load_i8x32(w, o + 48 + 32 * (g // 2))
+    low = and_i8(q, 15) if g % 2 == 0 else shr_i8(q, 4)
+    return or_i8(low, shl_i8(and_i8(shr_i8(load_i8x32(w, o + 16), g), 1), 4))
+
+
+@njit(inline="always")
+def codes_q6_k(w, o, g):
+    # block_q6_K: ql[128], qh[64] at 128, scales[16] at 192, d at 208; with h = g // 4, s = g % 4:
+    # element 128h + 32s + l = (low | high << 4) - 32, low = ql[64h + 32(s & 1) + l] & 15 (s < 2) or >> 4,
+    # high = (qh[32h + l] >> 2s) & 3
+    h, s = g // 4, g % 4
+    ql = load_i8x32(w, o + 64 * h + 32 * (s & 1))
+    low = and_i8(ql, 15) if s < 2 else shr_i8(ql, 4)
+    high = and_i8(shr_i8(load_i8x32(w, o + 128 + 32 * h), 2 * s), 3)
+    return addc_i8(or_i8(low, shl_i8(high, 4)), -32)
+
+
+@njit(inline="always")
+def codes_iq4_xs(w, o, g):
+    # block_iq4_xs: d, scales_h, scales_l[4], qs[128] at 8; element 32g + j = kvalues[qs[16g + j] & 15],
+    # 32g + 16 + j = kvalues[qs[16g + j] >> 4]
+    return lut16_i8(load_nib16(w, o + 8 + 16 * g), KVALUES_IQ4NL, 0)
+
+
+# -- two weight rows . one token's Q8_K activations: dot2_<type>(w, wo, rb, xq, xd, bsums, nb) ---------------
+# Rows at bytes wo and wo + rb (nb super-blocks) . one token (xq, xd, bsums: its rows of the activation
+# arrays). As in vec_dot_legacy: two adjacent rows per pass, one function per type, the small helpers inlined
+# (inline="always": with cached callees LLVM cannot inline them), and a software prefetch PREFETCH_BYTES ahead
+# in the two rows' stream.
+@njit(inline="always")
+def isum_q2_k_half(w, o, k, x, bsums, bo):
+    """Exact int32 lanes of sum scale * q * q8 over elements 128k .. 128k + 127 of the q2_K block at o, and
+    the integer min term sum min * bsums of its 8 sub-blocks (bsums of the block from bo)."""
+    q = load_i8x32(w, o + 16 + 32 * k)
+    sa, sb = load_u32(w, o + 8 * k), load_u32(w, o + 8 * k + 4)  # scale | min << 4 of sub-blocks 8k..8k+7
+    acc = zero_i32()
+    imin = 0
+    for j in range(4):
+        word = sa if j < 2 else sb
+        c0, c1 = (word >> (16 * (j % 2))) & 255, (word >> (16 * (j % 2) + 8)) & 255
+        p = maddubs(and_i8(shr_i8(q, 2 * j), 3), load_i8x32(x, 128 * k + 32 * j))
+        acc = add_i32(acc, madd(p, splat2_i16(c0 & 15, c1 & 15)))
+        imin += (c0 >> 4) * np.int32(bsums[bo + 8 * k + 2 * j]) + (c1 >> 4) * np.int32(bsums[bo + 8 * k + 2 * j + 1])
+    return acc, imin
+
+
+@njit(cache=True, fastmath=True)
+def dot2_q2_k(w, wo, rb, xq, xd, bsums, nb):
+    a0, a1 = zero_f32(), zero_f32()
+    m0, m1 = np.float32(0.0), np.float32(0.0)
+    for i in range(nb):
+        o, dx = wo + i * 84, xd[i]
+        xs = xq[i * QK_K:(i + 1) * QK_K]
+        s0, s1 = zero_i32(), zero_i32()
+        i0, i1 = 0, 0
+        for k in range(2):
+            for line in range(2):
+                prefetch(w, wo + 2 * i * 84 + PREFETCH_BYTES + 128 * k + 64 * line)
+            v, m = isum_q2_k_half(w, o, k, xs, bsums, 16 * i)
+            s0, i0 = add_i32(s0, v), i0 + m
+            v, m = isum_q2_k_half(w, o + rb, k, xs, bsums, 16 * i)
+            s1, i1 = add_i32(s1, v), i1 + m
+        a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o + 80) * dx)
+        a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb + 80) * dx)
+        m0 += load_f16(w, o + 82) * dx * np.float32(i0)
+        m1 += load_f16(w, o + rb + 82) * dx * np.float32(i1)
+    return hsum_f32(a0) - m0, hsum_f32(a1) - m1
+
+
+@njit(inline="always")
+def scales_q3_k(w, o):
+    """The 16 6-bit scales (+32) of the q3_K block at byte o, one per byte of two int64 (ggml's aux)."""
+    a0, a1, tmp = load_u32(w, o + 96), load_u32(w, o + 100), load_u32(w, o + 104)
+    s0 = (a0 & 0x0F0F0F0F) | ((tmp & 0x03030303) << 4)
+    s1 = (a1 & 0x0F0F0F0F) | (((tmp >> 2) & 0x03030303) << 4)
+    s2 = ((a0 >> 4) & 0x0F0F0F0F) | (((tmp >> 4) & 0x03030303) << 4)
+    s3 = ((a1 >> 4) & 0x0F0F0F0F) | (((tmp >> 6) & 0x03030303) << 4)
+    return s0 | (s1 << 32), s2 | (s3 << 32)
+
+
+@njit(inline="always")
+def isum_q3_k_half(w, o, k, x, scales):
+    """Exact int32 lanes of sum (scale - 32) * q * q8 over elements 128k .. 128k + 127 of the q3_K block at o
+    (scales: its sub-blocks 8k..8k+7, one per byte)."""
+    q = load_i8x32(w, o + 32 + 32 * k)
+    hm = load_i8x32(w, o)
+    acc = zero_i32()
+    for j in range(4):
+        low = and_i8(shr_i8(q, 2 * j), 3)
+        c = addc_i8(or_i8(low, shl_i8(and_i8(shr_i8(hm, 4 * k + j), 1), 2)), -4)
+        xv = load_i8x32(x, 128 * k + 32 * j)
+        acc = add_i32(acc, madd(maddubs(abs_i8(c), sign_i8(xv, c)),
+                                splat2_i16(((scales >> (16 * j)) & 255) - 32, ((scales >> (16 * j + 8)) & 255) - 32)))
+    return acc
+
+
+@njit(cache=True, fastmath=True)
+def dot2_q3_k(w, wo, rb, xq, xd, bsums, nb):
+    a0, a1 = zero_f32(), zero_f32()
+    for i in range(nb):
+        o, dx = wo + i * 110, xd[i]
+        xs = xq[i * QK_K:(i + 1) * QK_K]
+        sc0, sc0b = scales_q3_k(w, o)
+        sc1, sc1b = scales_q3_k(w, o + rb)
+        s0 = add_i32(isum_q3_k_half(w, o, 0, xs, sc0), isum_q3_k_half(w, o, 1, xs, sc0b))
+        s1 = add_i32(isum_q3_k_half(w, o + rb, 0, xs, sc1), isum_q3_k_half(w, o + rb, 1, xs, sc1b))
+        for line in range(4):
+            prefetch(w, wo + 2 * i * 110 + PREFETCH_BYTES + 64 * line)
+        a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o + 108) * dx)
+        a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb + 108) * dx)
+    return hsum_f32(a0), hsum_f32(a1)
+
+
+@njit(cache=True, fastmath=True)
+def dot2_q4_k(w, wo, rb, xq, xd, bsums, nb):
+    a0, a1 = zero_f32(), zero_f32()
+    m0, m1 = np.float32(0.0), np.float32(0.0)
+    for i in range(nb):
+        o, xb, dx = wo + i * 144, i * QK_K, xd[i]
+        sc0, mn0 = scales_mins_k4(w, o)
+        sc1, mn1 = scales_mins_k4(w, o + rb)
+        s0, s1 = zero_i32(), zero_i32()
+        i0, i1 = 0, 0
+        for j in range(4):  # sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
+            prefetch(w, wo + 2 * i * 144 + PREFETCH_BYTES + 128 * j)
+            prefetch(w, wo + 2 * i * 144 + PREFETCH_BYTES + 128 * j + 64)
+            xl, xh = load_i8x32(xq, xb + 64 * j), load_i8x32(xq, xb + 64 * j + 32)
+            b0 = np.int32(bsums[16 * i + 4 * j]) + np.int32(bsums[16 * i + 4 * j + 1])
+            b1 = np.int32(bsums[16 * i + 4 * j + 2]) + np.int32(bsums[16 * i + 4 * j + 3])
+            q = load_i8x32(w, o + 16 + 32 * j)
+            lo, hi = and_i8(q, 15), shr_i8(q, 4)
+            s0 = add_i32(s0, madd(maddubs(lo, xl), splat_i16((sc0 >> (16 * j)) & 255)))
+            s0 = add_i32(s0, madd(maddubs(hi, xh), splat_i16((sc0 >> (16 * j + 8)) & 255)))
+            i0 += ((mn0 >> (16 * j)) & 255) * b0 + ((mn0 >> (16 * j + 8)) & 255) * b1
+            q = load_i8x32(w, o + rb + 16 + 32 * j)
+            lo, hi = and_i8(q, 15), shr_i8(q, 4)
+            s1 = add_i32(s1, madd(maddubs(lo, xl), splat_i16((sc1 >> (16 * j)) & 255)))
+            s1 = add_i32(s1, madd(maddubs(hi, xh), splat_i16((sc1 >> (16 * j + 8)) & 255)))
+            i1 += ((mn1 >> (16 * j)) & 255) * b0 + ((mn1 >> (16 * j + 8)) & 255) * b1
+        a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o) * dx)
+        a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb) * dx)
+        m0 += load_f16(w, o + 2) * dx * np.float32(i0)
+        m1 += load_f16(w, o + rb + 2) * dx * np.float32(i1)
+    return hsum_f32(a0) - m0, hsum_f32(a1) - m1
+
+
+@njit(cache=True, fastmath=True)
+def dot2_q5_k(w, wo, rb, xq, xd, bsums, nb):
+    a0, a1 = zero_f32(), zero_f32()
+    m0, m1 = np.float32(0.0), np.float32(0.0)
+    for i in range(nb):
+        o, xb, dx = wo + i * 176, i * QK_K, xd[i]
+        sc0, mn0 = scales_mins_k4(w, o)
+        sc1, mn1 = scales_mins_k4(w, o + rb)
+        s0, s1 = zero_i32(), zero_i32()
+        i0, i1 = 0, 0
+        for j in range(4):  # sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
+            prefetch(w, wo + 2 * i * 176 + PREFETCH_BYTES + 128 * j)
+            prefetch(w, wo + 2 * i * 176 + PREFETCH_BYTES + 128 * j + 64)
+            xl, xh = load_i8x32(xq, xb + 64 * j), load_i8x32(xq, xb + 64 * j + 32)
+            b0 = np.int32(bsums[16 * i + 4 * j]) + np.int32(bsums[16 * i + 4 * j + 1])
+            b1 = np.int32(bsums[16 * i + 4 * j + 2]) + np.int32(bsums[16 * i + 4 * j + 3])
+            q, qh = load_i8x32(w, o + 48 + 32 * j), load_i8x32(w, o + 16)
+            lo = or_i8(and_i8(q, 15), shl_i8(and_i8(shr_i8(qh, 2 * j), 1), 4))
+            hi = or_i8(shr_i8(q, 4), shl_i8(and_i8(shr_i8(qh, 2 * j + 1), 1), 4))
+            s0 = add_i32(s0, madd(maddubs(lo, xl), splat_i16((sc0 >> (16 * j)) & 255)))
+            s0 = add_i32(s0, madd(maddubs(hi, xh), splat_i16((sc0 >> (16 * j + 8)) & 255)))
+            i0 += ((mn0 >> (16 * j)) & 255) * b0 + ((mn0 >> (16 * j + 8)) & 255) * b1
+            q, qh = load_i8x32(w, o + rb + 48 + 32 * j), load_i8x32(w, o + rb + 16)
+            lo = or_i8(and_i8(q, 15), shl_i8(and_i8(shr_i8(qh, 2 * j), 1), 4))
+            hi = or_i8(shr_i8(q, 4), shl_i8(and_i8(shr_i8(qh, 2 * j + 1), 1), 4))
+            s1 = add_i32(s1, madd(maddubs(lo, xl), splat_i16((sc1 >> (16 * j)) & 255)))
+            s1 = add_i32(s1, madd(maddubs(hi, xh), splat_i16((sc1 >> (16 * j + 8)) & 255)))
+            i1 += ((mn1 >> (16 * j)) & 255) * b0 + ((mn1 >> (16 * j + 8)) & 255) * b1
+        a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o) * dx)
+        a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb) * dx)
+        m0 += load_f16(w, o + 2) * dx * np.float32(i0)
+        m1 += load_f16(w, o + rb + 2) * dx * np.float32(i1)
+    return hsum_f32(a0) - m0, hsum_f32(a1) - m1
+
+
+@njit(inline="always")
+def sbyte(word, k):
+    """Byte k of word as int8."""
+    return (((word >> (8 * k)) & 255) ^ 128) - 128
+
+
+@njit(inline="always")
+def isum_q6_k_half(w, o, h, x0, x1, x2, x3):
+    """Exact int32 lanes of sum scale * (q - 32) * q8 over elements 128h .. 128h + 127 of the q6_K block at o."""
+    ql0, ql1 = load_i8x32(w, o + 64 * h), load_i8x32(w, o + 64 * h + 32)
+    qh = load_i8x32(w, o + 128 + 32 * h)
+    wa, wb = load_u32(w, o + 192 + 8 * h), load_u32(w, o + 196 + 8 * h)  # int8 scales of sub-blocks 8h..8h+7
+    q = addc_i8(or_i8(and_i8(ql0, 15), shl_i8(and_i8(qh, 3), 4)), -32)
+    acc = madd(maddubs(abs_i8(q), sign_i8(x0, q)), splat2_i16(sbyte(wa, 0), sbyte(wa, 1)))
+    q = addc_i8(or_i8(and_i8(ql1, 15), shl_i8(and_i8(shr_i8(qh, 2), 3), 4)), -32)
+    acc = add_i32(acc, madd(maddubs(abs_i8(q), sign_i8(x1, q)), splat2_i16(sbyte(wa, 2), sbyte(wa, 3))))
+    q = addc_i8(or_i8(shr_i8(ql0, 4), shl_i8(and_i8(shr_i8(qh, 4), 3), 4)), -32)
+    acc = add_i32(acc, madd(maddubs(abs_i8(q), sign_i8(x2, q)), splat2_i16(sbyte(wb, 0), sbyte(wb, 1))))
+    q = addc_i8(or_i8(shr_i8(ql1, 4), shl_i8(shr_i8(qh, 6), 4)), -32)
+    return add_i32(acc, madd(maddubs(abs_i8(q), sign_i8(x3, q)), splat2_i16(sbyte(wb, 2), sbyte(wb, 3))))
+
+
+@njit(cache=True, fastmath=True)
+def dot2_q6_k(w, wo, rb, xq, xd, bsums, nb):
+    a0, a1 = zero_f32(), zero_f32()
+    for i in range(nb):
+        o, xb, dx = wo + i * 210, i * QK_K, xd[i]
+        s0, s1 = zero_i32(), zero_i32()
+        for h in range(2):
+            for k in range(4):
+                prefetch(w, wo + 2 * i * 210 + PREFETCH_BYTES + 256 * h + 64 * k)
+            x0, x1 = load_i8x32(xq, xb + 128 * h), load_i8x32(xq, xb + 128 * h + 32)
+            x2, x3 = load_i8x32(xq, xb + 128 * h + 64), load_i8x32(xq, xb + 128 * h + 96)
+            s0 = add_i32(s0, isum_q6_k_half(w, o, h, x0, x1, x2, x3))
+            s1 = add_i32(s1, isum_q6_k_half(w, o + rb, h, x0, x1, x2, x3))
+        a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o + 208) * dx)
+        a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb + 208) * dx)
+    return hsum_f32(a0), hsum_f32(a1)
+
+
+@njit(cache=True, fastmath=True)
+def dot2_iq4_xs(w, wo, rb, xq, xd, bsums, nb):
+    a0, a1 = zero_f32(), zero_f32()
+    for i in range(nb):
+        o, xb, dx = wo + i * 136, i * QK_K, xd[i]
+        s0, s1 = zero_i32(), zero_i32()
+        for g in range(8):
+            prefetch(w, wo + 2 * i * 136 + PREFETCH_BYTES + 64 * g)
+            x = load_i8x32(xq, xb + 32 * g)
+            q = codes_iq4_xs(w, o, g)
+            s0 = add_i32(s0, madd(maddubs(abs_i8(q), sign_i8(x, q)), splat_i16(scale_iq4_xs(w, o, g))))
+            q = codes_iq4_xs(w, o + rb, g)
+            s1 = add_i32(s1, madd(maddubs(abs_i8(q), sign_i8(x, q)), splat_i16(scale_iq4_xs(w, o + rb, g))))
+        a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o + 0) * dx)
+        a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb + 0) * dx)
+    return hsum_f32(a0), hsum_f32(a1)
+
+
+@njit(cache=True, fastmath=True)
+def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, bsums, y, nb):
+    """y[r] = row r . one token for r0 <= r < r1, two rows at a time (an odd last row goes twice);
+    w the flat weight bytes, xq/xd/bsums/y the token's rows. One loop per type: each inlines its own dot2."""
+    if kind == Q4_K:
+        for r in range(r0, r1, 2):
+            rb = row_bytes if r + 1 < r1 else 0
+            v0, v1 = dot2_q4_k(w, r * row_bytes, rb, xq, xd, bsums, nb)
+            y[r] = v0
+            if rb:
+                y[r + 1] = v1
+    elif kind == Q6_K:
+        for r in range(r0, r1, 2):
+            rb = row_bytes if r + 1 < r1 else 0
+            v0, v1 = dot2_q6_k(w, r * row_bytes, rb, xq, xd, bsums, nb)
+            y[r] = v0
+            if rb:
+                y[r + 1] = v1
+    elif kind == Q5_K:
+        for r in range(r0, r1, 2):
+            rb = row_bytes if r + 1 < r1 else 0
+            v0, v1 = dot2_q5_k(w, r * row_bytes, rb, xq, xd, bsums, nb)
+            y[r] = v0
+            if rb:
+                y[r + 1] = v1
+    elif kind == Q2_K:
+        for r in range(r0, r1, 2):
+            rb = row_bytes if r + 1 < r1 else 0
+            v0, v1 = dot2_q2_k(w, r * row_bytes, rb, xq, xd, bsums, nb)
+            y[r] = v0
+            if rb:
+                y[r + 1] = v1
+    elif kind == Q3_K:
+        for r in range(r0, r1, 2):
+            rb = row_bytes if r + 1 < r1 else 0
+            v0, v1 = dot2_q3_k(w, r * row_bytes, rb, xq, xd, bsums, nb)
+            y[r] = v0
+            if rb:
+                y[r + 1] = v1
+    else:
+        for r in range(r0, r1, 2):
+            rb = row_bytes if r + 1 < r1 else 0
+            v0, v1 = dot2_iq4_xs(w, r * row_bytes, rb, xq, xd, bsums, nb)
+            y[r] = v0
+            if rb:
+                y[r + 1] = v1
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def matmul_q8_k_act(w, kind, xq, xd, bsums, y, rows_per_task):
+    """y[t, r] = row r of w . token t, for n_tok small enough that integer dots beat the float GEMM.
+
+    w: uint8 (n_out, row_bytes) raw super-blocks of `kind`; xq/xd/bsums: Q8_K activations (module docstring);
+    y: float32 (n_tok, n_out). Rows go in tasks of `rows_per_task`, which stay in L1 while every token passes.
+    """
+    n_out, row_bytes = w.shape
+    n_tok, n_in = xq.shape
+    nb = n_in // QK_K
+    wf = w.reshape(n_out * row_bytes)  # linear byte offsets
+    n_tasks = (n_out + rows_per_task - 1) // rows_per_task
+    for task in prange(n_tasks):
+        r0 = task * rows_per_task
+        r1 = min(n_out, r0 + rows_per_task)
+        for t in range(n_tok):
+            rows_dot(kind, wf, row_bytes, r0, r1, xq[t], xd[t], bsums[t], y[t], nb)
+
+
+# -- float32 decoding of a row (for the batched GEMM) ---------------------------------------------------------
+@njit(cache=True, fastmath=True)
+def decode_row_f32(kind, w, wo, nb, out, oo):
+    """Row of `kind` at byte wo (nb super-blocks) -> float32 out[oo:oo + 256 nb] (ggml's dequantize)."""
+    for i in range(nb):
+        ob = oo + i * QK_K
+        if kind == Q4_K or kind == Q5_K:
+            o = wo + i * (144 if kind == Q4_K else 176)
+            d, dmin = load_f16(w, o), load_f16(w, o + 2)
+            for g in range(8):
+                sc, m = scale_min_k4(w, o, g)
+                q = codes_q4_k(w, o, g) if kind == Q4_K else codes_q5_k(w, o, g)
+                a, b = d * np.float32(sc), -(dmin * np.float32(m))
+                store_scaled(out, ob + 32 * g, q, a, b, a, b)
+        elif kind == Q2_K:
+            o = wo + i * 84
+            d, dmin = load_f16(w, o + 80), load_f16(w, o + 82)
+            for g in range(8):
+                s0, s1 = np.int32(w[o + 2 * g]), np.int32(w[o + 2 * g + 1])
+                store_scaled(out, ob + 32 * g, codes_q2_k(w, o, g), d * np.float32(s0 & 15),
+                             -(dmin * np.float32(s0 >> 4)), d * np.float32(s1 & 15), -(dmin * np.float32(s1 >> 4)))
+        elif kind == Q3_K:
+            o = wo + i * 110
+            d = load_f16(w, o + 108)
+            for g in range(8):
+                store_scaled(out, ob + 32 * g, codes_q3_k(w, o, g), d * np.float32(scale_q3_k(w, o, 2 * g)),
+                             np.float32(0.0), d * np.float32(scale_q3_k(w, o, 2 * g + 1)), np.float32(0.0))
+        elif kind == Q6_K:
+            o = wo + i * 210
+            d = load_f16(w, o + 208)
+            for g in range(8):
+                store_scaled(out, ob + 32 * g, codes_q6_k(w, o, g), d * np.float32(scale_q6_k(w, o, 2 * g)),
+                             np.float32(0.0), d * np.float32(scale_q6_k(w, o, 2 * g + 1)), np.float32(0.0))
+        else:
+            o = wo + i * 136
+            d = load_f16(w, o)
+            for g in range(8):
+                a = d * np.float32(scale_iq4_xs(w, o, g))
+                store_scaled(out, ob + 32 * g, codes_iq4_xs(w, o, g), a, np.float32(0.0), a, np.float32(0.0))
