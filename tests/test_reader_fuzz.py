@@ -146,7 +146,7 @@ def test_random_splices(opener, seed):
         opener.check(data, f"seed {seed} splice {i} kind {kind} ({x}, {y})")
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(
     edits=st.lists(st.tuples(st.integers(0, BASE.offsets["data"] - 1), st.integers(0, 255)), max_size=6),
     cut=st.one_of(st.none(), st.integers(0, len(BASE.data))),

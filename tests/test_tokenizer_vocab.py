@@ -177,14 +177,17 @@ def test_minimal_spm_and_errors():
 
 @pytest.mark.parametrize("name", ["qwen2", "llama-spm", "deepseek-llm", "falcon"])
 def test_round_trip_random_text(name):
-    from hypothesis import HealthCheck, given, settings
+    from hypothesis import HealthCheck, assume, given, settings
     from hypothesis import strategies as st
 
     tok = tokenizer(name)
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(st.text(max_size=40) | st.text(alphabet=" \t\n'.,!?0123456789aZé中🦙", max_size=40))
     def check(text):
+        # SentencePiece writes spaces as U+2581 and reads U+2581 back as a space (llama.cpp does the same), so a
+        # text that contains U+2581 itself cannot round-trip there.
+        assume(tok.model != "llama" or "\u2581" not in text)
         ids = tok.encode(text, add_special=False, parse_special=False)
         assert all(0 <= i < tok.n_vocab for i in ids)
         out = tok.decode(ids, unparse_special=True)
