@@ -53,3 +53,21 @@ def try_fit(path, params: EngineParams, ngl: int, budget_bytes: int) -> FitAttem
         del engine
         pool.free_all_blocks()
         cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def choose_ngl(path, params: EngineParams, budget_bytes: int, margin_bytes: int) -> tuple[int, int, int]:
+    """`-ngl auto`: predict from the plan, check by measurement (as `hybrid probe`), and keep margin_bytes of
+    headroom. Returns (chosen -ngl, measured ceiling, predicted)."""
+    from gguf_io import ModelConfig, open_gguf  # noqa: PLC0415
+
+    from .placement import plan  # noqa: PLC0415
+    from .probe import find_ceiling, predict_max_ngl, recommend  # noqa: PLC0415
+
+    with open_gguf(path) as f:
+        config, tensors = ModelConfig.from_gguf(f), dict(f.tensors)
+    p = params
+    pred = predict_max_ngl(config, tensors, budget_bytes, p.n_ctx, p.type_k, p.type_v, p.n_ubatch, swa_full=True)
+    search = find_ceiling(lambda n: try_fit(path, p, n, budget_bytes).fits, pred.ngl, config.n_layer + 1)
+    rec = recommend(search.ceiling, lambda n: plan(config, tensors, budget_bytes, n, p.n_ctx, p.type_k, p.type_v,
+                                                   p.n_ubatch, swa_full=True), margin_bytes)
+    return rec.ngl, search.ceiling, pred.ngl

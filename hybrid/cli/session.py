@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import typer
 
+from gguf_io import ModelConfig, open_gguf
 from hybrid.devices import probe_gpus
 from hybrid.engine import Engine, EngineParams
 from hybrid.errors import HybridError
@@ -51,6 +52,20 @@ def load_engine(model: str | None, params: EngineParams, ngl: str = "0",
             note(f"warning: -ngl {ngl} asked for GPU layers but no GPU is usable ({why}); running on the CPU")
             ngl = "0"
     budget = parse_size(vram_budget) if vram_budget else None
+    if ngl == "auto":  # the probe's machinery: prediction, then a measured check, keeping 1 GiB of headroom
+        from hybrid.probe import DEFAULT_MARGIN_BYTES  # noqa: PLC0415
+        from hybrid.probe_device import choose_ngl  # noqa: PLC0415 - CuPy
+
+        n_ctx = params.n_ctx
+        if not n_ctx:
+            with open_gguf(path) as f:
+                n_ctx = ModelConfig.from_gguf(f).n_ctx_train
+        chosen, ceiling, predicted = choose_ngl(path, replace(params, n_ctx=n_ctx),
+                                                budget if budget is not None else gpus[0].free_bytes,
+                                                DEFAULT_MARGIN_BYTES)
+        note(f"-ngl auto: predicted {predicted}, measured ceiling {ceiling}, using -ngl {chosen} "
+             f"(1 GiB of headroom)")
+        ngl = str(chosen)
     threads = setup_threads(params.n_threads, params.cpus, params.numa)
     marker_dir = cache_dir() or default_cache_dir()
     compile_first = kernel_cache_stale(marker_dir)
