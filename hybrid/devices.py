@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import resource
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -76,16 +77,21 @@ def numa_nodes(root: Path = Path("/sys/devices/system/node")) -> tuple[tuple[int
     return tuple(nodes) or ((0, tuple(range(os.cpu_count() or 1))),)
 
 
-def physical_core_cpus() -> tuple[int, ...]:
-    """One logical CPU per physical core (the first sibling of each), among the CPUs we may run on."""
-    allowed = sorted(os.sched_getaffinity(0))
+def core_key(cpu: int) -> tuple[str, str]:
+    """(package, core) of a logical CPU: siblings of one physical core share it."""
+    base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
+    try:
+        return (base / "physical_package_id").read_text().strip(), (base / "core_id").read_text().strip()
+    except OSError:
+        return "?", str(cpu)
+
+
+def physical_core_cpus(cpus: Iterable[int] | None = None) -> tuple[int, ...]:
+    """One logical CPU per physical core (the first sibling of each) among `cpus` (default: this thread's
+    affinity)."""
     seen, chosen = set(), []
-    for cpu in allowed:
-        base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-        try:
-            key = ((base / "physical_package_id").read_text().strip(), (base / "core_id").read_text().strip())
-        except OSError:
-            key = ("?", str(cpu))
+    for cpu in sorted(os.sched_getaffinity(0)) if cpus is None else cpus:
+        key = core_key(cpu)
         if key not in seen:
             seen.add(key)
             chosen.append(cpu)

@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit, prange, types
 
 from . import numa as _numa
-from .devices import parse_cpulist
+from .devices import core_key, parse_cpulist, physical_core_cpus
 from .errors import HybridError
 
 # libc through symbols resolved at link time (not ctypes pointers), so the pinning kernel can be cached.
@@ -93,15 +93,7 @@ def select_cpus(cpu_mask: str | None = None, cpu_range: str | None = None) -> tu
     return tuple(sorted(chosen))
 
 
-def _core_key(cpu: int) -> tuple[str, str]:
-    base = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology")
-    try:
-        return (base / "physical_package_id").read_text().strip(), (base / "core_id").read_text().strip()
-    except OSError:
-        return "?", str(cpu)
-
-
-def cpu_order(cpus: Sequence[int], core_of: Callable[[int], object] = _core_key) -> tuple[int, ...]:
+def cpu_order(cpus: Sequence[int], core_of: Callable[[int], object] = core_key) -> tuple[int, ...]:
     """`cpus` in pinning order: the first CPU of every physical core, then the second siblings, and so on; so
     the first n workers land on n distinct cores whenever n <= the number of cores."""
     rounds: list[list[int]] = []
@@ -118,13 +110,7 @@ def cpu_order(cpus: Sequence[int], core_of: Callable[[int], object] = _core_key)
 
 def physical_cores(cpus: Sequence[int] | None = None) -> tuple[int, ...]:
     """One CPU per physical core among `cpus` (default: the CPUs this process may use)."""
-    seen, out = set(), []
-    for c in cpus if cpus is not None else allowed_cpus():
-        k = _core_key(c)
-        if k not in seen:
-            seen.add(k)
-            out.append(c)
-    return tuple(out)
+    return physical_core_cpus(allowed_cpus() if cpus is None else cpus)
 
 
 def default_threads(cpus: Sequence[int] | None = None) -> int:
