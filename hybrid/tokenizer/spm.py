@@ -8,6 +8,7 @@ byte tokens <0xXX>.
 
 from __future__ import annotations
 
+from array import array
 from heapq import heapify, heappop, heappush
 
 import numpy as np
@@ -39,7 +40,8 @@ class SpmModel:
         self.vocab = vocab
         # priority per token: equal scores share one, a higher score gets a smaller one
         _, rank = np.unique(-np.asarray(vocab.scores, np.float64), return_inverse=True)
-        self.priority: list[int] = (rank.astype(np.int64) * _IDX).tolist()
+        # array('q'), not a list: 8 bytes a token instead of ~40 (262k-token vocabs), at the same lookup speed
+        self.priority = array("q", (rank.astype(np.int64) * _IDX).tobytes())
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of one text fragment (already prefixed/escaped by the caller)."""

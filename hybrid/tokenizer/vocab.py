@@ -48,7 +48,7 @@ class Vocab:
     pre: str
     spec: PreSpec | None  # BPE pre-tokenizer (None for SPM)
     tokens: list[str]
-    scores: list[float]
+    scores: np.ndarray  # float32, one per token (a numpy array: 4 bytes a token, not a Python float's 32)
     attrs: list[int]
     token_types: np.ndarray  # int32, the GGUF token types as stored (NORMAL when the key is absent)
     token_to_id: dict[str, int]
@@ -108,7 +108,7 @@ def _base(metadata: dict) -> Vocab:
         tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
     n = len(tokens)
     scores_v = _array(metadata, K + "scores", n, "numbers")
-    scores = [0.0] * n if scores_v is None else np.asarray(scores_v[:n], dtype=np.float32).astype(np.float64).tolist()
+    scores = np.zeros(n, np.float32) if scores_v is None else np.asarray(scores_v[:n], dtype=np.float32)
     types_v = _array(metadata, K + "token_type", n, "int32")
     types = np.ones(n, np.int32) if types_v is None else np.asarray(types_v[:n], dtype=np.int32)
     lut = np.array([TYPE_TO_ATTR[t] for t in range(len(TYPE_TO_ATTR))], np.int64)
