@@ -14,6 +14,13 @@ from .weights import Weight
 class CpuBackend:
     name = "cpu"
 
+    def __init__(self) -> None:
+        # cos/sin tables of the batch being evaluated, per (n_rot, base, scale): every layer rotates q and k at
+        # the same positions, so they are computed once per eval step, not twice a layer; a new batch of
+        # positions replaces them
+        self._rope_positions = b""
+        self._rope_tables: dict[tuple, rope.RopeTables] = {}
+
     def matmul(self, w: Weight, x: np.ndarray) -> np.ndarray:
         """x (n, in) f32 -> (n, out) f32, straight from the raw blocks of w."""
         return matmul(w.raw, w.type_name, np.ascontiguousarray(x, dtype=np.float32))
@@ -30,7 +37,15 @@ class CpuBackend:
 
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, scale: float, mode: str) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
-        return rope.rope(x, positions, n_rot, base, scale, mode, out=x)
+        positions = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
+        key_pos = positions.tobytes()
+        if key_pos != self._rope_positions:
+            self._rope_positions, self._rope_tables = key_pos, {}
+        key = (n_rot, base, scale)
+        tables = self._rope_tables.get(key)
+        if tables is None:
+            tables = self._rope_tables[key] = rope.rope_tables(positions, n_rot, base, scale)
+        return rope.rope_apply(x, tables, mode, out=x)
 
     def scale(self, x: np.ndarray, s: float) -> np.ndarray:
         return x * np.float32(s)

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .kv_cache import F16_TO_F32, fp32_to_fp16_bits
+from .kv_cache import F16_TO_F32, f32_to_f16_bits
+from .norm import SERIAL_MAX_ELEMS
 
 GELU_COEF_A = np.float32(0.044715)
 SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
@@ -46,7 +47,7 @@ def _gelu_table(x, table):
         return np.float32(0.0)
     if x >= np.float32(10.0):
         return x
-    return table[fp32_to_fp16_bits(x)]
+    return table[f32_to_f16_bits(x)]
 
 
 @njit(cache=True, fastmath=True, parallel=True)
@@ -64,18 +65,34 @@ def _unary(x, op, cap, table, out):
             out[i] = cap * np.tanh(v / cap)
 
 
+@njit(inline="always", fastmath=True)
+def _glu_one(gate, up, op, table, out, i):
+    g = gate[i]
+    if op == 0:
+        a = _silu(g)
+    elif op == 1:
+        a = _gelu(g)
+    else:
+        a = _gelu_table(g, table)
+    out[i] = a * up[i]
+
+
 @njit(cache=True, fastmath=True, parallel=True)
-def _glu(gate, up, op, table, out):
+def _glu_par(gate, up, op, table, out):
     # gate, up, out f32 (n,): out = act(gate) * up; op 0 silu, 1 gelu, 2 gelu via fp16 table
     for i in prange(gate.shape[0]):
-        g = gate[i]
-        if op == 0:
-            a = _silu(g)
-        elif op == 1:
-            a = _gelu(g)
-        else:
-            a = _gelu_table(g, table)
-        out[i] = a * up[i]
+        _glu_one(gate, up, op, table, out, i)
+
+
+@njit(cache=True, fastmath=True)
+def _glu_serial(gate, up, op, table, out):
+    for i in range(gate.shape[0]):
+        _glu_one(gate, up, op, table, out, i)
+
+
+def _glu(gate, up, op, table, out):
+    # one token's FFN width: the calling thread alone (waking the workers costs more than the work)
+    (_glu_serial if gate.shape[0] <= SERIAL_MAX_ELEMS else _glu_par)(gate, up, op, table, out)
 
 
 @njit(cache=True, fastmath=True, parallel=True)

@@ -115,27 +115,70 @@ def alloc_kv_layer(n_ctx: int, n_head_kv: int, head_dim_k: int, head_dim_v: int 
 
 def kv_store(layer: KVCacheLayer, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
     """Write k (n_tok, n_head_kv, head_dim_k) and v (n_tok, n_head_kv, head_dim_v) f32 at cells = positions (n_tok,)."""
-    positions = np.asarray(positions, dtype=np.int64)
+    positions = np.asarray(positions, dtype=np.int64).reshape(-1)
     n_tok = positions.shape[0]
     for name, x, hd in (("k", k, layer.head_dim_k), ("v", v, layer.head_dim_v)):
         if x.shape != (n_tok, layer.n_head_kv, hd):
             raise ValueError(f"kv_store: {name} must be {(n_tok, layer.n_head_kv, hd)}, found {x.shape}")
-    if n_tok and (positions.min() < 0 or positions.max() >= layer.n_ctx):
-        raise ValueError(f"kv_store: positions must lie in [0, {layer.n_ctx}), found "
-                         f"[{positions.min()}, {positions.max()}]")
-    _store(layer.k, positions, k, kv_type_code(layer.type_k))
-    _store(layer.v, positions, v, kv_type_code(layer.type_v))
+    # one compiled call checks the cells and stores both (decode stores one row a layer: Python overhead is most
+    # of the cost); nothing is written when a position is out of range
+    bad = _store_kv(layer.k, layer.v, positions, np.ascontiguousarray(k, dtype=np.float32),
+                    np.ascontiguousarray(v, dtype=np.float32), kv_type_code(layer.type_k), kv_type_code(layer.type_v))
+    if bad >= 0:
+        raise ValueError(f"kv_store: positions must lie in [0, {layer.n_ctx}), found {positions[bad]}")
 
 
-def _store(dst: np.ndarray, positions: np.ndarray, x: np.ndarray, code: int) -> None:
-    x = np.ascontiguousarray(x, dtype=np.float32)
-    if code == 0:
-        dst[positions] = x.view(np.uint8)
-    elif code == 1:
-        with np.errstate(over="ignore"):  # |x| > 65504 -> inf, as GGML_FP32_TO_FP16 (round-to-nearest-even)
-            dst[positions] = x.astype(np.float16).view(np.uint8)
-    else:
-        _quantize_rows(x, positions, code, dst)
+@intrinsic
+def _f32_to_half_bits(typingctx, x):
+    # LLVM: fptrunc float -> half, bitcast to i16: round-to-nearest-even, overflow to inf (vcvtps2ph with F16C),
+    # as GGML_FP32_TO_FP16 and numpy's astype(float16)
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.bitcast(builder.fptrunc(args[0], llvm_ir.HalfType()), llvm_ir.IntType(16))
+
+    return types.uint16(types.float32), codegen
+
+
+@njit(cache=True)
+def f32_to_f16_bits(x):
+    """float32 -> IEEE half bits, round-to-nearest-even: the CPU instruction where there is one."""
+    if NATIVE_F16:
+        return _f32_to_half_bits(x)
+    return fp32_to_fp16_bits(x)
+
+
+@njit(cache=True)
+def _store_rows(dst, positions, x, code):
+    # x f32 (n_tok, n_head_kv, head_dim) -> dst[positions[t], h] u8 rows of type `code`
+    n_tok, n_head, hd = x.shape
+    for t in range(n_tok):
+        c = positions[t]
+        for h in range(n_head):
+            if code == 0:
+                row = dst[c, h].view(np.float32)
+                for j in range(hd):
+                    row[j] = x[t, h, j]
+            elif code == 1:
+                row = dst[c, h].view(np.uint16)
+                for j in range(hd):
+                    row[j] = f32_to_f16_bits(x[t, h, j])
+            elif code == 2:
+                quantize_row_q8_0(x[t, h], dst[c, h])
+            else:
+                quantize_row_q4_0(x[t, h], dst[c, h])
+
+
+@njit(cache=True)
+def _store_kv(k_dst, v_dst, positions, k, v, code_k, code_v):
+    # -> -1 after storing k and v, or the index of the first position outside the cache (nothing stored)
+    for t in range(positions.shape[0]):
+        if positions[t] < 0 or positions[t] >= k_dst.shape[0]:
+            return t
+    _store_rows(k_dst, positions, k, code_k)
+    _store_rows(v_dst, positions, v, code_v)
+    return -1
 
 
 def kv_read(layer: KVCacheLayer, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
@@ -186,7 +229,7 @@ def quantize_row_q8_0(x, out):
             amax = max(amax, abs(x[b * QK + j]))
         d = amax / np.float32(127.0)
         idv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-        h = fp32_to_fp16_bits(d)
+        h = f32_to_f16_bits(d)
         out[o] = h & 0xFF
         out[o + 1] = h >> 8
         for j in range(QK):
@@ -207,7 +250,7 @@ def quantize_row_q4_0(x, out):
                 vmax = v
         d = vmax / np.float32(-8.0)
         idv = np.float32(1.0) / d if d != 0 else np.float32(0.0)
-        h = fp32_to_fp16_bits(d)
+        h = f32_to_f16_bits(d)
         out[o] = h & 0xFF
         out[o + 1] = h >> 8
         for j in range(QK // 2):
@@ -216,17 +259,6 @@ def quantize_row_q4_0(x, out):
             q0 = min(15, int(x0 + np.float32(8.5)))
             q1 = min(15, int(x1 + np.float32(8.5)))
             out[o + 2 + j] = q0 | (q1 << 4)
-
-
-@njit(cache=True)
-def _quantize_rows(x, positions, code, dst):
-    # x f32 (n_tok, n_head_kv, head_dim) -> dst[positions[t], h] u8 rows
-    for t in range(x.shape[0]):
-        for h in range(x.shape[1]):
-            if code == 2:
-                quantize_row_q8_0(x[t, h], dst[positions[t], h])
-            else:
-                quantize_row_q4_0(x[t, h], dst[positions[t], h])
 
 
 # ---- row readers (attention dequantizes a small tile of rows at a time into an L1-sized buffer) ----

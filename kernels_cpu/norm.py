@@ -8,23 +8,43 @@ import numpy as np
 from numba import njit, prange
 
 
-@njit(cache=True, fastmath=True, parallel=True)
-def _rms_norm_rows(x, w, has_w, eps, out):
-    # x (n_rows, n) f32, w (n,) f32 -> out (n_rows, n) f32; out may be x
-    n_rows, n = x.shape
-    for r in prange(n_rows):
-        s = 0.0  # float64 sum, as ggml's ggml_float
+# Below this many elements a call runs on the calling thread: waking the workers costs more than the work
+# (decode: one token's 640-4096 values).
+SERIAL_MAX_ELEMS = 16384
+
+
+@njit(inline="always", fastmath=True)
+def _norm_row(x, w, has_w, eps, out, r):
+    n = x.shape[1]
+    s = 0.0  # float64 sum, as ggml's ggml_float
+    for j in range(n):
+        v = x[r, j]
+        s += v * v
+    mean = np.float32(s / n)
+    scale = np.float32(1.0) / np.float32(math.sqrt(mean + eps))
+    if has_w:
         for j in range(n):
-            v = x[r, j]
-            s += v * v
-        mean = np.float32(s / n)
-        scale = np.float32(1.0) / np.float32(math.sqrt(mean + eps))
-        if has_w:
-            for j in range(n):
-                out[r, j] = (x[r, j] * scale) * w[j]
-        else:
-            for j in range(n):
-                out[r, j] = x[r, j] * scale
+            out[r, j] = (x[r, j] * scale) * w[j]
+    else:
+        for j in range(n):
+            out[r, j] = x[r, j] * scale
+
+
+@njit(cache=True, fastmath=True, parallel=True)
+def _rms_norm_rows_par(x, w, has_w, eps, out):
+    # x (n_rows, n) f32, w (n,) f32 -> out (n_rows, n) f32; out may be x
+    for r in prange(x.shape[0]):
+        _norm_row(x, w, has_w, eps, out, r)
+
+
+@njit(cache=True, fastmath=True)
+def _rms_norm_rows_serial(x, w, has_w, eps, out):
+    for r in range(x.shape[0]):
+        _norm_row(x, w, has_w, eps, out, r)
+
+
+def _rms_norm_rows(x, w, has_w, eps, out):
+    (_rms_norm_rows_serial if x.size <= SERIAL_MAX_ELEMS else _rms_norm_rows_par)(x, w, has_w, eps, out)
 
 
 def _weight(w: np.ndarray | None, n: int) -> tuple[np.ndarray, bool]:

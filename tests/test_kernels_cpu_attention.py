@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import gguf
 import gguf.quants
+import numba
 import numpy as np
 import pytest
 
 import kernels_cpu.attention as attention_module
 from kernels_cpu.attention import attention
 from kernels_cpu.kv_cache import (
-    alloc_kv_layer, fp32_to_fp16_bits, kv_cache_bytes, kv_read, kv_row_bytes, kv_store, quantize_row_q4_0,
+    alloc_kv_layer, f32_to_f16_bits, fp32_to_fp16_bits, kv_cache_bytes, kv_read, kv_row_bytes, kv_store,
+    quantize_row_q4_0,
     quantize_row_q8_0,
 )
 
@@ -46,7 +48,18 @@ def test_fp32_to_fp16_bits_matches_numpy():
     x = np.concatenate([x, edges, -edges, rng.standard_normal(10_000).astype(np.float32) * 1e-5])
     ours = np.array([fp32_to_fp16_bits(v) for v in x], dtype=np.uint16)
     with np.errstate(over="ignore"):  # numpy warns on the values that round to inf; so does ggml silently
-        np.testing.assert_array_equal(ours, x.astype(np.float16).view(np.uint16))
+        expected = x.astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(ours, expected)
+    # the CPU's own conversion (F16C's vcvtps2ph where present), as the KV store and the GELU table use it
+    native = np.empty(x.shape, np.uint16)
+    _f16_bits_loop(x, native)
+    np.testing.assert_array_equal(native, expected)
+
+
+@numba.njit
+def _f16_bits_loop(x, out):
+    for i in range(x.shape[0]):
+        out[i] = f32_to_f16_bits(x[i])
 
 
 def quant_input(rng, n_rows, n):
@@ -95,6 +108,9 @@ def test_kv_checks():
     layer = alloc_kv_layer(4, 2, 32, type_k="q4_0", type_v="q8_0")
     with pytest.raises(ValueError, match="positions"):
         kv_store(layer, np.array([4]), np.zeros((1, 2, 32), np.float32), np.zeros((1, 2, 32), np.float32))
+    with pytest.raises(ValueError, match="found -1"):
+        kv_store(layer, np.array([0, -1]), np.ones((2, 2, 32), np.float32), np.ones((2, 2, 32), np.float32))
+    assert not layer.k.any() and not layer.v.any()  # a refused store writes nothing
     with pytest.raises(ValueError, match="k must be"):
         kv_store(layer, np.array([0]), np.zeros((1, 2, 64), np.float32), np.zeros((1, 2, 32), np.float32))
     with pytest.raises(ValueError, match="divisible"):

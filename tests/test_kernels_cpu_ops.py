@@ -269,3 +269,48 @@ def test_softmax(shape):
     assert np.isfinite(y).all()
     assert nmse(y, e / e.sum(axis=-1, keepdims=True)) < NMSE_SOFTMAX
     np.testing.assert_allclose(y.sum(axis=-1), 1.0, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- serial and parallel variants
+# Small inputs (one decode token) run on the calling thread, large ones over the workers: one loop body,
+# two compiled drivers. They must agree, whichever side of SERIAL_MAX_ELEMS an input falls on, to float32 rounding
+# (LLVM vectorizes and contracts to FMA differently in the two drivers: the norm's float64 sum, rope's x0 c - x1 s).
+
+def test_serial_and_parallel_variants_agree():
+    from kernels_cpu import activations, norm, rope as rope_mod  # noqa: PLC0415
+
+    rng = np.random.default_rng(7)
+    x, w = randn(rng, 9, 640, scale=3.0), randn(rng, 640)
+    outs = [np.empty_like(x) for _ in range(2)]
+    norm._rms_norm_rows_serial(x, w, True, np.float32(1e-6), outs[0])
+    norm._rms_norm_rows_par(x, w, True, np.float32(1e-6), outs[1])
+    np.testing.assert_array_max_ulp(outs[0], outs[1], maxulp=2)
+    assert nmse(outs[0], ref_rms_norm(x, w, 1e-6)) < NMSE_NORM
+
+    gate, up = act_input(rng, (5000,)), randn(rng, 5000)
+    for op in (0, 1, 2):
+        a, b = np.empty_like(gate), np.empty_like(gate)
+        activations._glu_serial(gate, up, op, activations.GELU_F16_TABLE, a)
+        activations._glu_par(gate, up, op, activations.GELU_F16_TABLE, b)
+        np.testing.assert_array_equal(a, b)
+
+    q = randn(rng, 6, 4, 64)
+    tables = rope_mod.rope_tables(np.arange(100, 106), 48, 10000.0)
+    for neox in (False, True):
+        a, b = np.empty_like(q), np.empty_like(q)
+        rope_mod._rope_apply_serial(q, tables.cos, tables.sin, 48, neox, a)
+        rope_mod._rope_apply_par(q, tables.cos, tables.sin, 48, neox, b)
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)  # |x| ~ 1: one float32 rounding of x0 c - x1 s
+        np.testing.assert_array_equal(a, rope(q, np.arange(100, 106), 48, 10000.0, mode="neox" if neox else "norm"))
+
+
+def test_large_inputs_take_the_parallel_path():
+    # above SERIAL_MAX_ELEMS (a prefill batch): still right against the float64 references
+    from kernels_cpu.norm import SERIAL_MAX_ELEMS  # noqa: PLC0415
+
+    rng = np.random.default_rng(8)
+    n_tok = SERIAL_MAX_ELEMS // 512 + 3
+    x, w = randn(rng, n_tok, 1024, scale=3.0), randn(rng, 1024)
+    assert nmse(rms_norm(x, w, 1e-6), ref_rms_norm(x, w, 1e-6)) < NMSE_NORM
+    gate, up = act_input(rng, (n_tok, 1024)), randn(rng, n_tok, 1024)
+    assert nmse(geglu(gate, up), ref_gelu(gate) * up.astype(np.float64)) < NMSE_ACT
