@@ -23,6 +23,7 @@ from .errors import ContextTooLarge, HybridError
 from .kv import KV_TYPES, KVCache
 from .memlock import prepare_cpu_weights
 from .numa import check_mode as check_numa_mode
+from .offload import gpu_overhead_bytes, make_op_offload
 from .placement import PlacementPlan, plan
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
@@ -44,6 +45,9 @@ class EngineParams:
     use_mlock: bool = False  # --mlock: lock the CPU-resident weights in RAM
     numa: str = ""  # --numa distribute|isolate|numactl ("" = off)
     cpus: tuple[int, ...] = ()  # -C/--cpu-mask, --cpu-range: the CPUs the workers are pinned to (() = all allowed)
+    # op offload: big prefill batches run the CPU layers on the GPU, weights streamed (hybrid/offload.py). The CLI
+    # turns it on (llama.cpp's default; --no-op-offload); off here, so a library caller's -ngl 0 stays on the CPU.
+    op_offload: bool = False
 
 
 @dataclass
@@ -81,6 +85,7 @@ class Engine:
     backends: list = field(default_factory=list)  # one per repeating layer
     output_backend: object = None
     placement: PlacementPlan | None = None  # None: everything on the CPU
+    op_offload: object = None  # hybrid.offload.OpOffload when big batches of CPU layers run on the GPU
 
     @classmethod
     def load(cls, path: str | Path, params: EngineParams = EngineParams(),
@@ -111,12 +116,16 @@ class Engine:
         params = replace(params, n_ctx=n_ctx, n_ubatch=min(params.n_ubatch, params.n_batch))
         cpu = CpuBackend()
         engine = cls(f, config, spec, weights, tokenizer, params, [cpu] * config.n_layer, cpu)
-        if str(params.n_gpu_layers) not in ("0", ""):
-            try:
+        try:
+            if str(params.n_gpu_layers) not in ("0", ""):
                 engine._offload(progress, placeholder_weights)
-            except BaseException:
-                f.close()
-                raise
+            if params.op_offload:
+                engine.op_offload = make_op_offload(engine.backends, engine.output_backend, config, f.tensors, n_ctx,
+                                                    params.n_ubatch, params.type_k, params.type_v, params.flash_attn,
+                                                    params.vram_budget, progress)
+        except BaseException:
+            f.close()
+            raise
         notes, _ = prepare_cpu_weights(engine.weights, params.numa, params.use_mlock)  # after the GPU took its layers
         for msg in notes:
             if progress:
@@ -133,9 +142,11 @@ class Engine:
         budget = p.vram_budget if p.vram_budget is not None else gpu.free_bytes()
         gpu.limit_memory(budget)
         ngl = p.n_gpu_layers if p.n_gpu_layers in ("auto", "all") else int(p.n_gpu_layers)
+        overhead = gpu_overhead_bytes(cfg, self.gguf.tensors, p.n_ctx, p.n_ubatch, p.type_k, p.type_v, p.flash_attn,
+                                      p.op_offload, ngl)  # op offload's stream buffers where layers stay on the CPU
         # our cache holds n_ctx cells in sliding-window layers too (swa_full)
         self.placement = plan(cfg, self.gguf.tensors, (1 << 62) if placeholder else budget, ngl, p.n_ctx, p.type_k,
-                              p.type_v, p.n_ubatch, p.flash_attn, swa_full=True)
+                              p.type_v, p.n_ubatch, p.flash_attn, swa_full=True, overhead_bytes=overhead)
         upload = gpu.alloc_like if placeholder else gpu.upload
         for lp in self.placement.layers:
             if lp.device == "gpu":
@@ -156,8 +167,10 @@ class Engine:
 
     def close(self) -> None:
         """Release the mapping and drop every device buffer this engine holds."""
+        if self.op_offload is not None:
+            self.op_offload.close()
         self.weights.layers = []
-        self.backends, self.output_backend = [], None
+        self.backends, self.output_backend, self.op_offload = [], None, None
         self.gguf.close()
 
     def warmup(self) -> None:
@@ -222,22 +235,37 @@ class Engine:
         return logits[-1] if logits_from is None else logits
 
     def _layers(self, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
+        off = self.op_offload
+        if off is not None and off.wants(len(tokens)):  # the CPU layers on the GPU, their weights streamed
+            with off.batch(self.backends, self.weights.layers) as (backends, layers):
+                return self._run_layers(tokens, positions, cache, backends, layers)
+        return self._run_layers(tokens, positions, cache, self.backends, self.weights.layers)
+
+    def _run_layers(self, tokens: np.ndarray, positions: np.ndarray, cache: KVCache, backends: list,
+                    layers: list) -> np.ndarray:
         cfg, spec = self.config, self.spec
         x = self._cpu.get_rows(self.weights.token_embd, tokens)  # (n, n_embd), the embedding stays on the CPU
         if spec.embd_scale:
             x = x * np.float32(np.sqrt(cfg.n_embd))
         prev = None
-        for il, be in enumerate(self.backends):
+        for il, be in enumerate(backends):
             if be is not prev:  # the hidden state crosses devices once per change (CPU -> GPU in a split)
                 x = be.from_host(prev.to_host(x) if prev is not None else x)
                 prev = be
-            x = layer_forward(be, spec, cfg, self.weights.layers[il], il, x, positions, cache)
+            x = layer_forward(be, spec, cfg, layers[il], il, x, positions, cache)
         return prev.to_host(x) if prev is not None else x
 
     def _logits(self, h: np.ndarray) -> np.ndarray:
-        be = self.output_backend
-        h = be.rms_norm(be.from_host(h), self.weights.output_norm.raw, self.config.f_norm_rms_eps)
-        logits = be.to_host(be.matmul(self.weights.output, h))  # (n, n_vocab)
+        head = {"output": self.weights.output, "output_norm": self.weights.output_norm}
+        off = self.op_offload
+        if off is not None and off.wants(h.shape[0]):  # a CPU output layer on the GPU, streamed
+            with off.batch([self.output_backend], [head]) as ([be], [head]):
+                return self._head(be, head, h)
+        return self._head(self.output_backend, head, h)
+
+    def _head(self, be, head: dict, h: np.ndarray) -> np.ndarray:
+        h = be.rms_norm(be.from_host(h), head["output_norm"].raw, self.config.f_norm_rms_eps)
+        logits = be.to_host(be.matmul(head["output"], h))  # (n, n_vocab)
         cap = self.config.final_logit_softcapping
         if cap:
             logits = np.tanh(logits / cap) * cap

@@ -6,11 +6,13 @@ n_layer + 1 - N); `-ngl 999` / "all" puts everything there; "auto" takes the lar
 token_embd.weight always stays on the CPU (its rows are gathered there); a tied output layer on the GPU needs
 a GPU copy of it, counted as the output layer's bytes. The GPU's bytes, in the order they are reserved: the
 KV cache of every GPU layer, the output layer, the repeating layers from the last one backwards, then the
-compute buffers and a fixed overhead (see `scratch_bytes`). No hardware is touched: everything is arithmetic.
+compute buffers (see `scratch_bytes`) and a fixed overhead. The budget is the card's VRAM: CuPy's memory pool
+(weights, KV cache, compute buffers) gets the budget less the overhead. No hardware is touched: only arithmetic.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from typing import Mapping
@@ -21,12 +23,16 @@ from .errors import PlacementError
 from .placement_explain import reasons
 from .sizes import MiB, format_pair, format_size
 
-# The CUDA context, cuBLAS workspace, loaded kernel modules and allocator slack a GPU process holds beyond its
-# buffers. Counted once, as soon as anything is on the GPU.
+# The CUDA context, cuBLAS workspace, loaded kernel images and the decode graphs' private pools: what a GPU
+# process holds outside CuPy's memory pool. Counted once, as soon as anything is on the GPU; `hybrid probe` caps
+# the pool at budget - GPU_OVERHEAD_BYTES so that measurement and plan count alike.
 GPU_OVERHEAD_BYTES = 300 * MiB
-# Float32 activation buffers of n_ubatch x width alive at once inside a layer (hidden state, residual, normed
-# input, the widest projection output: FFN gate/up or Q/attention output).
-ACTIVATION_BUFFERS = 4
+# CuPy's pool rounds every allocation up to this many bytes.
+POOL_UNIT = 512
+# As kernels_gpu.matmul: prefill (>= GEMM_MIN_TOKENS tokens) dequantizes a weight in chunks of this many fp16
+# values (rows rounded down to 128) for cuBLAS; the next chunk is made before the last one is dropped.
+GEMM_MIN_TOKENS = 9
+GEMM_CHUNK_ELEMENTS = 1 << 26
 # llama.cpp pads the sliding-window cache (n_swa + n_ubatch) to a multiple of this many cells.
 SWA_PAD = 256
 # KV cache types: (elements per block, bytes per block), as ggml stores them.
@@ -83,15 +89,22 @@ class OutputPlacement:
 
 @dataclass(frozen=True)
 class ScratchEstimate:
-    """GPU compute buffers (see `scratch_bytes`): float32 activations, attention scores, logits."""
+    """GPU compute buffers of one micro-batch (see `scratch_bytes`): the live bytes at the worst moment inside a
+    repeating layer and inside the output layer, and the pool's slack on top of the larger of the two."""
 
-    activations: int
-    attention: int
-    logits: int
+    activations: int  # live peak inside a GPU layer (0 when only the output layer is on the GPU)
+    logits: int  # live peak of the output layer: T x n_vocab logits and their GEMM staging
+    slack: int  # freed blocks the pool cannot give back
+
+    @property
+    def peak(self) -> int:
+        """Bytes alive at once: the least the pool must hold, so an -ngl that needs more cannot run."""
+        return max(self.activations, self.logits)
 
     @property
     def total(self) -> int:
-        return self.activations + self.attention + self.logits
+        """What the pool holds at its high-water mark (the peak and the slack): what `auto` plans for."""
+        return self.peak + self.slack if self.peak else 0
 
 
 @dataclass(frozen=True)
@@ -167,26 +180,76 @@ def kv_cells(config: ModelConfig, il: int, n_ctx: int, n_ubatch: int = 512, swa_
 
 
 def scratch_bytes(config: ModelConfig, n_ctx: int, n_ubatch: int, flash_attn: bool, n_gpu_layers: int,
-                  max_gpu_kv_cells: int | None = None) -> ScratchEstimate:
-    """The GPU compute buffers for -ngl n_gpu_layers, in bytes (all float32, T = min(n_ubatch, n_ctx) tokens):
+                  max_gpu_kv_cells: int | None = None, qkv_bias: bool = False) -> ScratchEstimate:
+    """The compute buffers of a micro-batch of T = min(n_ubatch, n_ctx) tokens through the GPU's layers, in bytes.
 
-        activations = ACTIVATION_BUFFERS * T * max(n_embd, n_ff, n_expert_used * n_ff_exp, n_head * head_dim) * 4
-        attention   = T * n_head * n_kv * 4    (the KQ scores, without flash attention, when a repeating layer
-                                                is on the GPU; n_kv = the most cells of a GPU layer's cache)
-        logits      = T * n_vocab * 4          (the output layer is on the GPU whenever n_gpu_layers >= 1)
-
-    The terms are summed: conservative, since an allocator reusing buffers (ggml's graph allocator) needs about
-    the largest one. Nothing when no layer is on the GPU.
+    Not a sum of buffers: CuPy's pool hands freed blocks to the next allocation, so what counts is the largest set
+    of buffers alive at one moment, each rounded to POOL_UNIT. Walking the GPU backend's ops (hybrid/arch/
+    blocks.py over kernels_gpu) with A = T x n_embd float32 (the hidden state), the sets are:
+      layer, FFN down (the largest): the caller's x, x + attn, attn, normed x (4 A), gate, up and act(gate) * up
+      (3 x T x n_ff float32), the output (A), fp16 x (T x n_ff) and two dequantized weight chunks (see
+      _gemm_bytes); attention: x, normed x, q, k, v, the attention output (+ KQ scores without flash attention);
+      output layer: x, normed x, the logits (T x n_vocab float32: every row, as perplexity asks) and its GEMM.
+    A decode step reuses these blocks. Quantized weights assumed (F16/F32 weights stage less).
+    Nothing when no layer is on the GPU.
     """
     if n_gpu_layers <= 0:
         return ScratchEstimate(0, 0, 0)
-    t = min(n_ubatch, n_ctx)
-    c = config
-    width = max(c.n_embd, c.n_ff, c.n_expert_used * c.n_ff_exp, c.n_head * c.n_embd_head_k, c.n_head * c.n_embd_head_v)
-    attention = 0
-    if not flash_attn and n_gpu_layers >= 2:
-        attention = t * c.n_head * (n_ctx if max_gpu_kv_cells is None else max_gpu_kv_cells) * 4
-    return ScratchEstimate(ACTIVATION_BUFFERS * t * width * 4, attention, t * c.n_vocab * 4)
+    t, c = min(n_ubatch, n_ctx), config
+    f32 = lambda *dims: _pool_bytes(4 * math.prod(dims))  # noqa: E731
+    hidden, positions = f32(t, c.n_embd), f32(t)
+    n_q, n_k, n_v = c.n_head * c.n_embd_head_k, c.n_head_kv * c.n_embd_head_k, c.n_head_kv * c.n_embd_head_v
+    logits = positions + 2 * hidden + _gemm_bytes(t, c.n_embd, c.n_vocab)
+    activations = 0
+    if n_gpu_layers >= 2:
+        qkv = f32(t, n_q) + f32(t, n_k) + f32(t, n_v)
+        held = positions + 2 * hidden  # the caller's x and the normed x
+        n_kv = n_ctx if max_gpu_kv_cells is None else max_gpu_kv_cells
+        attn = max(held + _gemm_bytes(t, c.n_embd, n_q), held + f32(t, n_q) + _gemm_bytes(t, c.n_embd, n_k),
+                   held + f32(t, n_q) + f32(t, n_k) + _gemm_bytes(t, c.n_embd, n_v),
+                   held + 2 * qkv if qkv_bias else 0,  # q + bias, ... made while q, k, v are alive
+                   held + qkv + f32(t, c.n_head * c.n_embd_head_v)
+                   + (0 if flash_attn else f32(t, c.n_head, n_kv)),  # the KQ scores
+                   held + qkv + f32(t, c.n_head * c.n_embd_head_v) + _gemm_bytes(t, c.n_head * c.n_embd_head_v,
+                                                                                  c.n_embd))
+        held = positions + 4 * hidden  # x, x + attn, attn, normed
+        if c.n_expert:  # tokens grouped by expert: at least the average share of the busiest expert
+            te, n_ff, held = -(-t * c.n_expert_used // c.n_expert), c.n_ff_exp, held + hidden + f32(t, c.n_expert)
+            held += f32(te, c.n_embd)  # the expert's rows of x
+        else:
+            te, n_ff = t, c.n_ff
+        ffn = max(held + _gemm_bytes(te, c.n_embd, n_ff), held + f32(te, n_ff) + _gemm_bytes(te, c.n_embd, n_ff),
+                  held + 3 * f32(te, n_ff) + _gemm_bytes(te, n_ff, c.n_embd), positions + 6 * hidden)
+        activations = max(attn, ffn)
+    # The slack: blocks the pool cannot give back because a small buffer (the hidden state, its normed copy) sits
+    # in a split one. Replaying the allocations through a model of CuPy's pool (tests/test_placement_scratch.py)
+    # leaves 20-35 MiB at T = 512 and up to 100 MiB at T = 128 for 8B/32B shapes, never more than the largest
+    # dequantized weight chunk of a layer (the largest block a layer makes): `auto` plans for that much.
+    slack = max(_chunk_bytes(n_in, n_out) for n_in, n_out in ((c.n_embd, n_q), (c.n_embd, n_k), (n_q, c.n_embd),
+                                                              (c.n_embd, c.n_ff), (c.n_ff, c.n_embd)))
+    if n_gpu_layers < 2 or t < GEMM_MIN_TOKENS:
+        slack = 2 * hidden
+    return ScratchEstimate(activations, logits, slack)
+
+
+def _pool_bytes(n: int) -> int:
+    return -(-n // POOL_UNIT) * POOL_UNIT
+
+
+def _gemm_bytes(t: int, n_in: int, n_out: int) -> int:
+    """Live bytes of one prefill matmul x (t, n_in) @ W.T: the float32 output, and for t >= GEMM_MIN_TOKENS the
+    fp16 copy of x and the dequantized fp16 weight chunks, two alive while the next one is made."""
+    out = _pool_bytes(4 * t * n_out)
+    if t < GEMM_MIN_TOKENS:
+        return out
+    rows = max(128, GEMM_CHUNK_ELEMENTS // n_in // 128 * 128)
+    second = min(rows, max(0, n_out - rows))
+    return out + _pool_bytes(2 * t * n_in) + _chunk_bytes(n_in, n_out) + _pool_bytes(2 * second * n_in)
+
+
+def _chunk_bytes(n_in: int, n_out: int) -> int:
+    """The first fp16 chunk of a dequantized (n_out, n_in) weight."""
+    return _pool_bytes(2 * min(n_out, max(128, GEMM_CHUNK_ELEMENTS // n_in // 128 * 128)) * n_in)
 
 
 def plan(config: ModelConfig, tensors: Mapping, budget_bytes: int | None, ngl: int | str, n_ctx: int,
@@ -208,8 +271,14 @@ def plan(config: ModelConfig, tensors: Mapping, budget_bytes: int | None, ngl: i
     totals = [costs.gpu_parts(k) for k in range(n_max + 1)]
     max_fit = max(k for k in range(n_max + 1) if sum(totals[k]) <= budget)  # k = 0 costs nothing: always fits
     k = _resolve_ngl(ngl, n_max, max_fit)
-    if sum(totals[k]) > budget:
-        raise PlacementError(_too_big(k, totals[k], budget, max_fit))
+    # `auto` plans for the pool's high-water mark (the peak of live buffers and the slack); an explicit -ngl is
+    # refused only when it cannot run, i.e. when even the buffers alive at once (a lower bound of what the pool
+    # must hold) do not fit. Between the two the device decides: the slack depends on which blocks the allocator
+    # happened to split, and `hybrid probe` measures it; its measured ceiling must not be refused here.
+    w, kv, _, overhead = totals[k]
+    least = (w, kv, costs.scratch(k).peak, overhead)
+    if sum(least) > budget:
+        raise PlacementError(_too_big(k, least, budget, max_fit))
     return costs.build(k, max_fit, ngl, budget, totals[k], totals[k + 1] if k < n_max else None)
 
 
@@ -228,10 +297,11 @@ def _resolve_ngl(ngl: int | str, n_max: int, max_fit: int) -> int:
 
 
 def _too_big(k: int, parts: tuple[int, int, int, int], budget: int, max_fit: int) -> str:
+    """parts: (weights, kv, peak of the compute buffers, overhead): the least that -ngl k needs."""
     need, have = format_pair(sum(parts), budget)
     w, kv, scratch, overhead = parts
     layers = "1 layer needs" if k == 1 else f"{k} layers need"
-    return (f"{layers} {need} of the {have} VRAM budget (weights {format_size(w)}, KV cache "
+    return (f"{layers} at least {need} of the {have} VRAM budget (weights {format_size(w)}, KV cache "
             f"{format_size(kv)}, buffers {format_size(scratch + overhead)}); {max_fit} fit")
 
 
@@ -275,6 +345,7 @@ class _Costs:
             else:
                 self.other += t.nbytes
         self.tied = head is None
+        self.qkv_bias = any(name.endswith(".attn_q.bias") for name in tensors)
         self.head = self.embedding if self.tied else head
         per_cell = kv_bytes_per_cell(c, type_k, type_v)
         self.cells = [kv_cells(c, il, n_ctx, n_ubatch, swa_full) for il in range(n)]
@@ -291,12 +362,12 @@ class _Costs:
         gpu = [il for il in range(self.config.n_layer) if self.on_gpu(il, k)]
         weights = self.norm + self.head + sum(self.weights[il] - self.experts[il] * self.cpu_moe[il] for il in gpu)
         kv = sum(self.kv[il] for il in gpu)
-        return weights, kv, self._scratch(k, gpu).total, self.overhead
+        return weights, kv, self.scratch(k).total, self.overhead
 
-    def _scratch(self, k: int, gpu: list[int]) -> ScratchEstimate:
+    def scratch(self, k: int) -> ScratchEstimate:
         n_ctx, _, _, n_ubatch, flash_attn, _ = self.settings
-        max_cells = max((self.cells[il] for il in gpu), default=0)
-        return scratch_bytes(self.config, n_ctx, n_ubatch, flash_attn, k, max_cells)
+        max_cells = max((self.cells[il] for il in range(self.config.n_layer) if self.on_gpu(il, k)), default=0)
+        return scratch_bytes(self.config, n_ctx, n_ubatch, flash_attn, k, max_cells, self.qkv_bias)
 
     def build(self, k: int, max_fit: int, requested, budget: int, parts, next_parts) -> PlacementPlan:
         n_ctx, type_k, type_v, n_ubatch, flash_attn, n_cpu_moe = self.settings
@@ -309,8 +380,7 @@ class _Costs:
         out_dev = GPU if k >= 1 else CPU
         out_bytes = self.norm + (self.head if out_dev == GPU or not self.tied else 0)
         output = OutputPlacement(out_dev, out_bytes, self.head, self.tied)
-        gpu = [l.index for l in layers if l.device == GPU]
-        scratch = self._scratch(k, gpu)
+        scratch = self.scratch(k)
         weights, kv, _, overhead = parts
         cpu_w = self.embedding + self.other + sum(l.cpu_weight_bytes for l in layers) + (out_bytes if k == 0 else 0)
         cpu_kv = sum(l.kv_bytes for l in layers if l.device == CPU)

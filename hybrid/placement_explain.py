@@ -56,9 +56,7 @@ def plan_rows(plan: PlacementPlan, collapse: bool = False) -> ExplainTable:
         rows.append(ExplainRow("other tensors", "cpu", plan.other_bytes, 0))
     if plan.n_gpu_layers:
         s = plan.scratch
-        rows.append(ExplainRow("compute buffers", "gpu", s.total, 0,
-                               f"activations {format_size(s.activations)}, attention {format_size(s.attention)}, "
-                               f"logits {format_size(s.logits)}"))
+        rows.append(ExplainRow("compute buffers", "gpu", s.total, 0, _buffers(s)))
         rows.append(ExplainRow("overhead", "gpu", plan.overhead_bytes, 0, "CUDA context, workspaces"))
     rows_t = tuple(rows)
     return ExplainTable(
@@ -131,10 +129,16 @@ def reasons(plan: PlacementPlan, next_parts: tuple[int, ...] | None = None) -> t
         out.append(f"--n-cpu-moe {p.n_cpu_moe}: experts of layers {_span([l.index for l in moe])} stay on the CPU "
                    f"({format_size(sum(l.expert_bytes for l in moe))})")
     if k >= 1:
-        s = p.scratch
-        out.append(f"compute buffers {format_size(s.total)} (activations {format_size(s.activations)}, attention "
-                   f"{format_size(s.attention)}, logits {format_size(s.logits)}) "
+        out.append(f"compute buffers {format_size(p.scratch.total)} ({_buffers(p.scratch)}) "
                    f"+ overhead {format_size(p.overhead_bytes)}")
     out.append(f"GPU total {format_size(p.gpu_total_bytes)} of the {budget} budget, headroom "
                f"{format_size(p.headroom_bytes)}; CPU {format_size(p.cpu_total_bytes)}")
+    if p.headroom_bytes < 0:
+        out.append(f"above what auto would pick: the buffers alive at once fit, the pool's slack "
+                   f"({format_size(p.scratch.slack)}) may not; `hybrid probe` measures it")
     return tuple(out)
+
+
+def _buffers(s) -> str:
+    return (f"peak of live buffers {format_size(s.peak)}: in a layer {format_size(s.activations)}, output layer "
+            f"{format_size(s.logits)}; pool slack {format_size(s.slack)}")

@@ -1,9 +1,11 @@
 """`matmul(w_raw, type_name, x)` on the GPU, weights kept in their raw GGML blocks in device memory.
 
 Decode (n_tok <= MATVEC_MAX_TOKENS): one matvec kernel per type reads the blocks once, dequantizes in registers
-and serves up to 8 tokens (warp-per-row, shuffle reductions). Prefill: the weight is dequantized in row chunks
-into an fp16 scratch, and cuBLAS multiplies fp16 x fp16 with fp32 accumulation and fp32 output (F32 weights:
-fp32 GEMM on the raw rows; BF16: an fp32 scratch). One explicit `GPU_KERNELS` entry per GGML type.
+and serves up to 8 tokens (warp-per-row, shuffle reductions). One token on a Q8_MATVEC type (MATVEC_Q8, or the
+`q8` argument): the activations are quantized to 8 bits per 32 (quantize_q8_1) and dotted by dp4a (matvec_q8.cu).
+Prefill: the weight is dequantized in row chunks into an fp16 scratch, and cuBLAS multiplies fp16 x fp16 with fp32
+accumulation and fp32 output (F32 weights: fp32 GEMM on the raw rows; BF16: an fp32 scratch). One explicit
+`GPU_KERNELS` entry per GGML type.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ GEMM_MIN_TOKENS = 9  # from here on dequantize + cuBLAS (measured: equal to the 
 GEMM_CHUNK_ELEMENTS = 1 << 26  # dequantized scratch per chunk: 64 Mi values = 128 MiB of fp16
 MV_WARPS = 8  # warps per CTA in the matvec kernels (MV_WARPS / MVF_WARPS in the .cu files)
 MATVEC_DEFINES: tuple[tuple[str, int], ...] = ()  # -D flags of the matvec modules (("MV_HOIST", 0) = old loop)
+MATVEC_Q8 = True  # default of matmul(q8=None): one-token matvecs of Q8_MATVEC types on q8 activations + dp4a
+Q8_MATVEC: dict[str, int] = {"Q4_K": 4, "Q6_K": 4}  # type -> parts a block (threads) in matvec_q8.cu
+Q8_BLOCK = 32  # activations per q8 scale
 
 
 @dataclass(frozen=True)
@@ -82,13 +87,15 @@ def _check(name, a, dtype, ndims):
         raise ValueError(f"{name} must be C-contiguous (shape {a.shape}, strides {a.strides})")
 
 
-def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = None, rpw: int | None = None):
+def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = None, rpw: int | None = None,
+           q8: bool | None = None):
     """y = x @ W.T with W kept in its raw GGML blocks on the GPU.
 
     w_raw: cupy uint8 (n_out, row_bytes), C-contiguous; x: cupy float32 (n_tok, n_in) or (n_in,);
     out: optional cupy float32 (n_tok, n_out) or (n_out,). Returns y float32 (n_tok, n_out) or (n_out,).
     path: "auto", "matvec" (chunks of 8 tokens) or "gemm" (dequantize + cuBLAS); wpr: warps per row group,
-    rpw: rows per warp (one-token matvec of quantized types); None picks them.
+    rpw: rows per warp (one-token matvec of quantized types); None picks them. q8: one token on a Q8_MATVEC type
+    goes through 8-bit activations and dp4a (True) or float activations (False); None: MATVEC_Q8.
     """
     import cupy  # noqa: PLC0415
 
@@ -119,7 +126,10 @@ def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = 
     y2 = out.reshape(n_tok, n_out)
     if path == "auto":
         path = "gemm" if n_tok >= GEMM_MIN_TOKENS else "matvec"
-    if path == "matvec":
+    if path == "matvec" and n_tok == 1 and type_name in Q8_MATVEC and (MATVEC_Q8 if q8 is None else q8):
+        xq, xm = quantize_q8_1(x2)
+        matvec_q8(w_raw, type_name, xq, xm, y2, wpr, rpw)
+    elif path == "matvec":
         for s in range(0, n_tok, MATVEC_MAX_TOKENS):
             e = min(n_tok, s + MATVEC_MAX_TOKENS)
             _matvec(k, w_raw, x2[s:e], y2[s:e], n_in, wpr, rpw)
@@ -179,6 +189,81 @@ def _matvec(k: GpuKernel, w_raw, x, y, n_in: int, wpr: int | None, rpw: int | No
         fn(grid, (256,), (w_raw, x, y, i32(n_out), i32(n_in), i32(n_tok), i32(wpr), i32(vec)))
     else:
         fn(grid, (256,), (w_raw, x, y, i32(n_out), i32(n_in // k.block_size), i32(n_tok), i32(wpr)))
+
+
+def quantize_q8_1(x):
+    """8-bit activations on the GPU: x cupy float32 (n_tok, n) C-contiguous, n % 32 == 0 -> (xq, xm):
+    xq cupy int8 (n_tok, n), xm cupy float32 (n_tok, n / 32, 4) = (d, sum q[0..15], sum q[16..31], 0) a block,
+    with d = max|x| / 127 and q = rint(x / d) (0 for an all-zero block); as q8_1_reference. One buffer."""
+    import cupy  # noqa: PLC0415
+
+    _check("x", x, np.float32, (2,))
+    n_tok, n = x.shape
+    if n % Q8_BLOCK:
+        raise ValueError(f"x rows of {n} values are not whole blocks of {Q8_BLOCK}")
+    total = n_tok * n
+    q_bytes = -(-total // 16) * 16  # xm starts 16-byte aligned
+    buf = cupy.empty(q_bytes + total // Q8_BLOCK * 16, dtype=cupy.uint8)
+    xq = buf[:total].view(cupy.int8).reshape(n_tok, n)
+    xm = buf[q_bytes:].view(cupy.float32).reshape(n_tok, n // Q8_BLOCK, 4)
+    if total:
+        fn = get_kernel("matvec_q8", "quantize_q8_1")
+        fn(((total + 255) // 256,), (256,), (x, xq, xm, np.int32(total)))
+    return xq, xm
+
+
+def q8_1_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Numpy twin of quantize_q8_1 (bit-exact: float32 division, round half to even): x float32 (..., n) ->
+    (q int8 (..., n), d float32 (..., n / 32)); the activations it stands for are q * d."""
+    x = np.asarray(x, dtype=np.float32)
+    b = x.reshape(*x.shape[:-1], -1, Q8_BLOCK)  # (..., n/32, 32)
+    d = np.max(np.abs(b), axis=-1) / np.float32(127)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(d[..., None] > 0, np.rint(b / d[..., None]), np.float32(0))
+    return q.astype(np.int8).reshape(x.shape), d.astype(np.float32)
+
+
+def q8_config(n_out: int, items_per_row: int, rpw: int | None = None) -> tuple[int, int]:
+    """(rows per warp, warps per row group) of the q8 matvec: 4 rows a warp from 8192 rows, 2 from 2048, else 1;
+    then warps per row group doubled while fewer than 8192 warps run and every lane keeps >= 1 item.
+    Not yet tuned on the device (scripts/gpu_matvec_check.py sweeps it)."""
+    if rpw is None:
+        rpw = 4 if n_out >= 8192 else 2 if n_out >= 2048 else 1
+    groups = -(-n_out // rpw)
+    wpr = 1
+    while wpr < MV_WARPS and groups * wpr < 8192 and items_per_row >= 64 * wpr:
+        wpr *= 2
+    return rpw, wpr
+
+
+def matvec_q8(w_raw, type_name, xq, xm, y, wpr: int | None = None, rpw: int | None = None) -> None:
+    """y = W x on activations quantize_q8_1 made: w_raw cupy uint8 (n_out, row_bytes) of a Q8_MATVEC type,
+    xq cupy int8 (1, n_in), xm cupy float32 (1, n_in / 32, 4), y cupy float32 (1, n_out) or (n_out,)."""
+    k = gpu_kernel(type_name)
+    if type_name not in Q8_MATVEC:
+        raise ValueError(f"no q8 matvec for {type_name}; it has: {', '.join(Q8_MATVEC)}")
+    _check("w_raw", w_raw, np.uint8, (2,))
+    _check("xq", xq, np.int8, (2,))
+    _check("xm", xm, np.float32, (3,))
+    _check("y", y, np.float32, (1, 2))
+    n_out, row_bytes = w_raw.shape
+    n_in = row_bytes // k.type_size * k.block_size
+    if xq.shape != (1, n_in) or xm.shape != (1, n_in // Q8_BLOCK, 4) or y.size != n_out:
+        raise ValueError(f"q8 matvec of {n_out}x{n_in}: got xq {xq.shape}, xm {xm.shape}, y {y.shape}")
+    if w_raw.data.ptr % k.align or xq.data.ptr % 16 or xm.data.ptr % 16:
+        raise ValueError(f"w_raw must be {k.align}-byte aligned and xq, xm 16-byte aligned on the device")
+    n_blocks = n_in // k.block_size
+    rpw, auto_wpr = q8_config(n_out, n_blocks * Q8_MATVEC[type_name], rpw)
+    wpr = auto_wpr if wpr is None else wpr
+    if rpw not in (1, 2, 4):
+        raise ValueError(f"rpw must be 1, 2 or 4, found {rpw}")
+    if wpr not in (1, 2, 4, 8):
+        raise ValueError(f"wpr must be 1, 2, 4 or 8, found {wpr}")
+    fn = get_kernel("matvec_q8", f"matvec_q8_{k.suffix}_r{rpw}")
+    n_groups = -(-n_out // rpw)
+    grid = (-(-n_groups // (MV_WARPS // wpr)),)
+    i32 = np.int32
+    fn(grid, (256,), (w_raw, xq, xm, y, i32(n_out), i32(n_blocks), i32(wpr)))
 
 
 def dequantize(w_raw, type_name, rows=None, dtype=np.float32, out=None):

@@ -1,4 +1,4 @@
-"""Host <-> device copies through reusable pinned (page-locked) host buffers.
+"""Host <-> device copies through reusable pinned (page-locked) host buffers, and a weight stream (WeightStream).
 
 Pageable numpy memory crosses PCIe at ~6.4 GB/s on the target machine, pinned memory at ~55 GB/s. Large
 uploads go in chunks through two pinned buffers, so that filling one overlaps the DMA of the other.
@@ -69,3 +69,152 @@ class PinnedStager:
         view = self._down[1][:d.nbytes].view(d.dtype).reshape(d.shape)
         d.get(out=view)  # blocking; pinned, so at full PCIe speed
         return view.copy()
+
+
+STREAM_CHUNK_BYTES = 16 << 20  # granularity of a streamed weight's pageable -> pinned copy and its DMA
+STREAM_PINNED = 4  # pinned chunks: the copy threads fill one while the copy engine drains the others
+COPY_THREADS = 4  # threads filling one pinned chunk from pageable memory (numpy's copies release the GIL)
+
+
+class WeightStream:
+    """Uploads host byte arrays (pageable, e.g. views of the GGUF memmap) into a ring of device slots ahead of
+    their use, so that reading the next weights overlaps the kernels on the current one.
+
+    A worker thread takes the arrays of a batch in order; for each it waits for a free slot, copies the bytes
+    into pinned chunks (COPY_THREADS threads; pageable memory crosses PCIe 8x slower than pinned) and queues
+    the chunks' DMA on a non-blocking stream of its own. The consumer, per array in the same order: take() ->
+    slot (the current stream now waits for that slot's DMA, the host does not), view(slot, nbytes), launch the
+    kernels reading it, release(slot) (the slot is refilled only after those kernels, ordered by an event).
+    Slots are allocated once, from CuPy's pool (capped at the VRAM budget): an overrun is its OutOfMemoryError.
+    """
+
+    def __init__(self, slot_bytes: int, n_slots: int = 3, chunk_bytes: int = STREAM_CHUNK_BYTES,
+                 n_pinned: int = STREAM_PINNED, copy_threads: int = COPY_THREADS) -> None:
+        import queue  # noqa: PLC0415
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+        import cupy  # noqa: PLC0415
+
+        if slot_bytes < 1 or n_slots < 2 or chunk_bytes < 1 or n_pinned < 1:
+            raise ValueError(f"need slot_bytes >= 1, n_slots >= 2, chunk_bytes >= 1, n_pinned >= 1; found "
+                             f"{slot_bytes}, {n_slots}, {chunk_bytes}, {n_pinned}")
+        self._cp, self._queue = cupy, queue
+        self.slot_bytes = int(slot_bytes)
+        self._device = cupy.cuda.Device()  # the current one
+        self._slots = [cupy.empty(self.slot_bytes, dtype=cupy.uint8) for _ in range(n_slots)]
+        self._filled = [cupy.cuda.Event(disable_timing=True) for _ in range(n_slots)]  # DMA into the slot done
+        self._read = [cupy.cuda.Event(disable_timing=True) for _ in range(n_slots)]  # kernels reading it done
+        self._chunk = int(chunk_bytes)
+        self._pinned = [PinnedStager._pinned(self._chunk) for _ in range(n_pinned)]
+        self._drained = [cupy.cuda.Event(disable_timing=True) for _ in range(n_pinned)]  # DMA out of chunk done
+        self._next_chunk = 0
+        self._stream = cupy.cuda.Stream(non_blocking=True)  # never waits for the compute on the null stream
+        self._pool = ThreadPoolExecutor(copy_threads, "hybrid-stream-copy") if copy_threads > 1 else None
+        self._n_copy = max(1, copy_threads)
+        self._free = queue.SimpleQueue()  # slots the worker may fill (None: stop)
+        self._done = queue.SimpleQueue()  # (slot, error) per array, in order
+        self._taken: set[int] = set()
+        self._thread = None
+        self._stopping = False
+        self._reset_free()
+
+    def _reset_free(self) -> None:
+        self._free, self._done = self._queue.SimpleQueue(), self._queue.SimpleQueue()
+        for s in range(len(self._slots)):
+            self._free.put(s)
+
+    def start(self, sources: list[np.ndarray]) -> None:
+        """Begin streaming `sources` (1-D uint8 host arrays of <= slot_bytes each), in the order they will be
+        taken. Stops a previous batch first."""
+        import threading  # noqa: PLC0415
+
+        self.stop()
+        for src in sources:
+            if src.ndim != 1 or src.dtype != np.uint8 or src.nbytes > self.slot_bytes:
+                raise ValueError(f"a streamed source must be 1-D uint8 of <= {self.slot_bytes} bytes, found "
+                                 f"{src.dtype} {src.shape}")
+        if not sources:
+            return
+        self._thread = threading.Thread(target=self._run, args=(list(sources),), name="hybrid-weight-stream",
+                                        daemon=True)
+        self._thread.start()
+
+    def take(self) -> int:
+        """The slot holding the next source; the current stream waits for its upload (the host does not)."""
+        if self._thread is None:
+            raise RuntimeError("WeightStream.take: no batch is streaming (start() first)")
+        slot, error = self._done.get()
+        if error is not None:
+            raise error
+        self._cp.cuda.get_current_stream().wait_event(self._filled[slot])
+        self._taken.add(slot)
+        return slot
+
+    def view(self, slot: int, nbytes: int):
+        """The first nbytes of a slot: cupy uint8 (nbytes,)."""
+        return self._slots[slot][:nbytes]
+
+    def release(self, slot: int) -> None:
+        """Give a slot back once the kernels reading it are launched on the current stream."""
+        self._read[slot].record(self._cp.cuda.get_current_stream())
+        self._taken.discard(slot)
+        self._free.put(slot)
+
+    def stop(self) -> None:
+        """End the batch (also after an error): stop and join the worker, wait for its queued copies."""
+        if self._thread is None:
+            return
+        self._stopping = True
+        self._free.put(None)
+        self._thread.join()
+        for slot in list(self._taken):  # taken but not released (an error on the way): after what was launched
+            self.release(slot)
+        self._stream.synchronize()  # no DMA in flight into a slot or out of a pinned chunk
+        self._thread, self._stopping = None, False
+        self._reset_free()
+
+    def close(self) -> None:
+        """Stop, and drop the slots, the pinned chunks and the copy threads."""
+        self.stop()
+        if self._pool is not None:
+            self._pool.shutdown()
+        self._slots, self._pinned = [], []
+
+    # ---- the worker thread
+    def _run(self, sources: list[np.ndarray]) -> None:
+        try:
+            with self._device:
+                for src in sources:
+                    slot = self._free.get()
+                    if slot is None or self._stopping:
+                        return
+                    self._stream.wait_event(self._read[slot])  # the kernels that read this slot before are done
+                    self._upload(src, self._slots[slot].data.ptr)
+                    self._filled[slot].record(self._stream)
+                    self._done.put((slot, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised by its take()
+            self._done.put((None, exc))
+
+    def _upload(self, src: np.ndarray, dst_ptr: int) -> None:
+        cp = self._cp
+        for off in range(0, src.nbytes, self._chunk):
+            n = min(self._chunk, src.nbytes - off)
+            j = self._next_chunk
+            self._next_chunk = (j + 1) % len(self._pinned)
+            self._drained[j].synchronize()  # the DMA that last read this pinned chunk is done
+            buf = self._pinned[j][1][:n]
+            self._copy(buf, src[off:off + n])
+            cp.cuda.runtime.memcpyAsync(dst_ptr + off, buf.ctypes.data, n, cp.cuda.runtime.memcpyHostToDevice,
+                                        self._stream.ptr)
+            self._drained[j].record(self._stream)
+
+    def _copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        n = dst.nbytes
+        if self._pool is None or n < (1 << 20):
+            np.copyto(dst, src)
+            return
+        per = -(-n // self._n_copy)  # ceil(n / threads)
+        step = -(-per // 4096) * 4096  # in whole pages
+        parts = [self._pool.submit(np.copyto, dst[a:a + step], src[a:a + step]) for a in range(0, n, step)]
+        for p in parts:
+            p.result()

@@ -52,7 +52,7 @@ if has tests; then
   XDIST=; python3 -c 'import xdist' 2>/dev/null && XDIST="-n 6"
   HYBRID_SPLIT_REPORT=$OUT/split.jsonl NUMBA_NUM_THREADS=4 timeout -k 5 $(( $(left) < 230 ? $(left) : 230 )) \
     python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider $XDIST \
-    tests/test_kernels_gpu.py tests/test_split.py > "$OUT/tests.log" 2>&1
+    tests/test_kernels_gpu.py tests/test_split.py tests/test_offload.py > "$OUT/tests.log" 2>&1
   stamp "tests rc=$?"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
   tail -n 3 "$OUT/tests.log"
@@ -88,13 +88,13 @@ out = sys.argv[1]
 ref = {("gpu", "pp512", "f16"): 9035, ("gpu", "tg128", "f16"): 271, ("gpu", "tg128", "q8_0"): 249,
        (16, "pp512"): 1349, (16, "tg64"): 26.5, (24, "pp512"): 2287, (24, "tg64"): 46.4,
        (8, "pp512"): 933, (8, "tg64"): 18.5, (0, "pp512"): 742, (0, "tg64"): 14.0}
-print("| ngl | KV | test | ours t/s | llama.cpp t/s | ours/llama.cpp | GPU decode |")
-print("|---|---|---|---|---|---|---|")
+print("| ngl | KV | test | ours t/s | llama.cpp t/s | ours/llama.cpp | GPU decode | op offload |")
+print("|---|---|---|---|---|---|---|---|")
 for f in sorted(glob.glob(os.path.join(out, "bench_*.out"))):
     try:
         rows = json.load(open(f))
     except Exception as exc:
-        print(f"| {os.path.basename(f)} | | | failed: {type(exc).__name__} | | | |")
+        print(f"| {os.path.basename(f)} | | | failed: {type(exc).__name__} | | | | |")
         continue
     for r in rows:
         ngl, kv, test = r["n_gpu_layers"], r["type_k"], r["test"]
@@ -102,7 +102,8 @@ for f in sorted(glob.glob(os.path.join(out, "bench_*.out"))):
         lc = ref.get(key)
         ratio = f"{r['avg_ts'] / lc:.2f}" if lc else ""
         dec = (r.get("gpu_decode") or "")[:90]
-        print(f"| {ngl} | {kv} | {test} | {r['avg_ts']:.1f} ± {r['stddev_ts']:.1f} | {lc or ''} | {ratio} | {dec} |")
+        print(f"| {ngl} | {kv} | {test} | {r['avg_ts']:.1f} ± {r['stddev_ts']:.1f} | {lc or ''} | {ratio} | {dec} | "
+              f"{r.get('op_offload', '')} |")
 p = os.path.join(out, "profile.json")
 if os.path.exists(p):
     s = json.load(open(p))["summary"]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One call on the GPU machine for `hybrid probe` (issue 6): for the 8B and 32B synthetic Q4_K_M models under
 # budgets that force a partial fit, probe (predicted vs measured ceiling, recommendation), then run the
-# recommended -ngl (512-token prompt + generated tokens) and ceiling+1 (must be a clean one-line error).
+# recommended -ngl (512-token prompt + generated tokens), the measured ceiling (512-token prompt + 8 tokens: it
+# must run, the plan must not refuse it) and ceiling+1 (must be a clean one-line error).
 #   bash scripts/probe_check.sh     (logs and a summary under $OUT)
 set -u
 cd "$(dirname "$0")/.."
@@ -31,11 +32,16 @@ PY
       > "$OUT/$tag.json" 2> "$OUT/$tag.err"; tail -1 "$OUT/$tag.err"
   local pred meas rec
   read -r pred meas rec < <(python3 -c "import json;d=json.load(open('$OUT/$tag.json'));print(d['predicted_ngl'],d['measured_ceiling'],d['recommended_ngl'])")
-  echo "$tag predicted $pred measured $meas recommended $rec" | tee -a "$OUT/summary.txt"
+  echo "$tag predicted $pred measured $meas recommended $rec$([ "$pred" = "$meas" ] && echo ' (prediction exact)')" | tee -a "$OUT/summary.txt"
+  python3 -c "import json;d=json.load(open('$OUT/$tag.json'));print('  attempts:',', '.join('%d %s pool peak %.1f MiB %.1f s'%(a['ngl'],'fits' if a['fits'] else 'OOM',a['peak_bytes']/2**20,a['seconds']) for a in d['attempts']))" | tee -a "$OUT/summary.txt"
   stamp "run recommended -ngl $rec"
   python3 -m hybrid run "$m" -ngl "$rec" -c "$c" --vram-budget "$b" -ctk "$kv" -ctv "$kv" -t 16 -f /tmp/prompt512.txt \
       -n "$n" --temp 0 --json > "$OUT/$tag.run.json" 2> "$OUT/$tag.run.err"
   echo "  run -ngl $rec: rc=$? $(python3 -c "import json;d=json.load(open('$OUT/$tag.run.json'));t=d['timings'];print(len(d['prompt_ids']),'prompt',len(d['generated_ids']),'generated','pp %.1f tg %.1f t/s'%(t['prompt_per_second'],t['predicted_per_second']))" 2>&1)" | tee -a "$OUT/summary.txt"
+  stamp "run measured ceiling -ngl $meas"  # the plan must not refuse the measured ceiling (issue 6)
+  python3 -m hybrid run "$m" -ngl "$meas" -c "$c" --vram-budget "$b" -ctk "$kv" -ctv "$kv" -t 16 -f /tmp/prompt512.txt \
+      -n 8 --temp 0 --json > "$OUT/$tag.ceiling.json" 2> "$OUT/$tag.ceiling.err"
+  echo "  run -ngl $meas (ceiling): rc=$? $(python3 -c "import json;d=json.load(open('$OUT/$tag.ceiling.json'));t=d['timings'];print('RAN',len(d['prompt_ids']),'prompt',len(d['generated_ids']),'generated','pp %.1f tg %.1f t/s'%(t['prompt_per_second'],t['predicted_per_second']))" 2>/dev/null || echo "DID NOT RUN: $(tail -1 "$OUT/$tag.ceiling.err")")" | tee -a "$OUT/summary.txt"
   stamp "run ceiling+1 -ngl $((meas + 1))"
   python3 -m hybrid run "$m" -ngl "$((meas + 1))" -c "$c" --vram-budget "$b" -ctk "$kv" -ctv "$kv" -p hi -n 1 > /dev/null 2> "$OUT/$tag.over.err"
   echo "  run -ngl $((meas + 1)): rc=$? $(tail -1 "$OUT/$tag.over.err")" | tee -a "$OUT/summary.txt"

@@ -19,13 +19,17 @@ from kernels_gpu import GPU_KERNELS  # noqa: E402
 from kernels_gpu import ops  # noqa: E402
 from kernels_gpu.attention import attention  # noqa: E402
 from kernels_gpu.kv_cache import alloc_kv_layer, kv_store  # noqa: E402
-from kernels_gpu.matmul import dequantize, matmul  # noqa: E402
+from kernels_gpu.matmul import Q8_MATVEC, dequantize, matmul, q8_1_reference, quantize_q8_1  # noqa: E402
 from kernels_gpu.module import MODULES, compile_all  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 # named tolerances: normalized mean squared error vs float64
 NMSE_MATVEC = 1e-9  # f32 activations, weights dequantized exactly in registers, f32 accumulation
+# q8 matvec (8-bit activations, dp4a) vs float64 on exact activations: the activations' rounding alone (numpy on
+# these random weights, 37-333 rows: median 2.8e-5, max 9.2e-5 in 48 cases); llama.cpp's test-backend-ops limit
+# for quantized matmul. Vs float64 on the q8 activations (ref_matmul_q8) the kernels meet NMSE_MATVEC.
+NMSE_MATVEC_Q8 = 5e-4
 NMSE_GEMM_F32 = 1e-9  # F32 / BF16 weights: fp32 cuBLAS GEMM
 NMSE_GEMM_F16 = 1e-5  # quantized / F16 weights: fp16 weights and activations, fp32 accumulation
 NMSE_DEQUANT = 1e-13  # dequantized values (FMA contraction may move the last bit)
@@ -75,6 +79,13 @@ def ref_matmul(raw: np.ndarray, name: str, x: np.ndarray) -> np.ndarray:
     return x.astype(np.float64) @ w.T
 
 
+def ref_matmul_q8(raw: np.ndarray, name: str, x: np.ndarray) -> np.ndarray:
+    """float64 dequantize(W) @ the activations the q8 kernels see (x rounded by q8_1_reference)."""
+    q, d = q8_1_reference(x)
+    xq = (q.astype(np.float64).reshape(*d.shape, 32) * d[..., None]).reshape(x.shape)
+    return ref_matmul(raw, name, xq)
+
+
 def n_in_values(name: str) -> list[int]:
     bs = QUANTS[name].block_size
     if bs == 1:
@@ -107,7 +118,7 @@ def test_matvec(name, n_tok):
         raw = random_weight(name, n_out, n_in, rng)
         x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
         out = cupy.full((n_tok, n_out), np.nan, dtype=cupy.float32)  # poison: every output must be written
-        y = matmul(cupy.asarray(raw), name, cupy.asarray(x), out=out, path="matvec").get()
+        y = matmul(cupy.asarray(raw), name, cupy.asarray(x), out=out, path="matvec", q8=False).get()
         assert np.isfinite(y).all(), (name, n_out, n_in)
         assert nmse(y, ref_matmul(raw, name, x)) < NMSE_MATVEC, (name, n_out, n_in)
         if n_out > 2:
@@ -123,8 +134,55 @@ def test_matvec_warps_per_row(name, wpr):
     for n_tok, rpws in ((1, (1, 2, 4)), (2, (None,)), (4, (None,)), (7, (None,))):
         x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
         for rpw in rpws:
-            y = matmul(cupy.asarray(raw), name, cupy.asarray(x), path="matvec", wpr=wpr, rpw=rpw).get()
+            y = matmul(cupy.asarray(raw), name, cupy.asarray(x), path="matvec", wpr=wpr, rpw=rpw, q8=False).get()
             assert nmse(y, ref_matmul(raw, name, x)) < NMSE_MATVEC, (n_tok, rpw)
+
+
+def test_quantize_q8_1_matches_reference():
+    rng = np.random.default_rng(8)
+    x = (rng.standard_normal((3, 1024)) * rng.uniform(0.01, 100, (3, 1024 // 32)).repeat(32, 1)).astype(np.float32)
+    x[1, 64:96] = 0  # an all-zero block
+    x[2, 0:32] = np.arange(32) - 15.5  # a hand-built block: amax 15.5
+    xq, xm = quantize_q8_1(cupy.asarray(x))
+    q, d = q8_1_reference(x)
+    np.testing.assert_array_equal(xq.get(), q)
+    m = xm.get()  # (3, 32, 4)
+    np.testing.assert_array_equal(m[..., 0], d)
+    qb = q.astype(np.int64).reshape(3, -1, 32)
+    np.testing.assert_array_equal(m[..., 1], qb[..., :16].sum(-1))
+    np.testing.assert_array_equal(m[..., 2], qb[..., 16:].sum(-1))
+    assert not q[1, 64:96].any() and d[1, 2] == 0
+    assert q[2, 0] == -127 and q[2, 31] == 127
+
+
+@pytest.mark.parametrize("name", list(Q8_MATVEC))
+def test_matvec_q8(name):
+    rng = np.random.default_rng(zlib.crc32(f"q8{name}".encode()))
+    for n_out, n_in in [(1, 256), (37, 768), (300, 1280), (1001, 1280), (4099, 512)]:  # 768: odd blocks; Q6_K rows
+        raw = random_weight(name, n_out, n_in, rng)  # of 630 bytes start 2 bytes off 4-byte alignment
+        x = rng.standard_normal((1, n_in)).astype(np.float32)
+        out = cupy.full((1, n_out), np.nan, dtype=cupy.float32)
+        y = matmul(cupy.asarray(raw), name, cupy.asarray(x), out=out, path="matvec", q8=True).get()
+        assert np.isfinite(y).all(), (name, n_out, n_in)
+        assert nmse(y, ref_matmul_q8(raw, name, x)) < NMSE_MATVEC, (name, n_out, n_in)
+        if n_out >= 37:  # nmse of a few rows is too noisy to bound
+            assert nmse(y, ref_matmul(raw, name, x)) < NMSE_MATVEC_Q8, (name, n_out, n_in)
+        if n_out > 2:
+            assert not y[:, 0].any()  # the all-zero row
+        y1 = matmul(cupy.asarray(raw), name, cupy.asarray(x[0])).get()  # 1-D x, the default path
+        assert y1.shape == (n_out,) and nmse(y1, ref_matmul_q8(raw, name, x)[0]) < NMSE_MATVEC
+
+
+@pytest.mark.parametrize("name", list(Q8_MATVEC))
+@pytest.mark.parametrize("wpr", [1, 2, 4, 8])
+def test_matvec_q8_warps_per_row(name, wpr):
+    rng = np.random.default_rng(70 + wpr)
+    raw = random_weight(name, 45, 1280, rng)
+    x = rng.standard_normal((1, 1280)).astype(np.float32)
+    ref = ref_matmul_q8(raw, name, x)
+    for rpw in (1, 2, 4):
+        y = matmul(cupy.asarray(raw), name, cupy.asarray(x), path="matvec", wpr=wpr, rpw=rpw, q8=True).get()
+        assert nmse(y, ref) < NMSE_MATVEC, (rpw, wpr)
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -145,9 +203,9 @@ def test_matmul_1d_auto_and_checks():
     rng = np.random.default_rng(3)
     raw = random_weight("Q4_K", 64, 512, rng)
     x = rng.standard_normal(512).astype(np.float32)
-    y = matmul(cupy.asarray(raw), "Q4_K", cupy.asarray(x))
+    y = matmul(cupy.asarray(raw), "Q4_K", cupy.asarray(x))  # one token: the q8 path by default
     assert y.shape == (64,)
-    assert nmse(y.get(), ref_matmul(raw, "Q4_K", x[None])[0]) < NMSE_MATVEC
+    assert nmse(y.get(), ref_matmul_q8(raw, "Q4_K", x[None])[0]) < NMSE_MATVEC
     with pytest.raises(ValueError):
         matmul(cupy.asarray(raw), "Q4_K", cupy.asarray(x[:256]))
     with pytest.raises(ValueError):

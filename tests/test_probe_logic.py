@@ -186,3 +186,26 @@ def test_format_size():
 
 def test_placement_error_is_a_hybrid_error():
     assert issubclass(PlacementError, HybridError)
+
+
+# -- probe_ngl: the one chain shared by `hybrid probe` and `-ngl auto` ----------------------------------------
+def test_probe_ngl_against_a_fake_allocator():
+    """prediction -> attempts (each recorded, in order) -> recommendation; a dry run is the prediction alone."""
+    from hybrid.engine import EngineParams
+    from hybrid.probe_device import FitAttempt, probe_ngl
+
+    cfg, ts = model(LLAMA_8B)
+    params = EngineParams(32768, 512, 512, "q8_0", "q8_0")
+    budget = 6 * GiB
+    truth = predict_max_ngl(cfg, ts, budget, 32768, "q8_0", "q8_0", swa_full=True).ngl + 2  # the device fits more
+    fake = FakeAllocator(truth)
+    seen = []
+    r = probe_ngl(cfg, ts, params, budget, GiB, lambda n: FitAttempt(n, fake(n), 0, seconds=0.5), seen.append)
+    assert r.prediction.ngl == truth - 2 and r.ceiling == r.search.ceiling == truth
+    assert [a.ngl for a in r.attempts] == fake.asked == [n for n, _ in r.search.attempts] and list(r.attempts) == seen
+    assert all(a.fits == (a.ngl <= truth) for a in r.attempts) and r.seconds == 0.5 * len(r.attempts)
+    rec = recommend(truth, lambda n: plan(cfg, ts, budget, n, 32768, "q8_0", "q8_0", swa_full=True), GiB)
+    assert r.recommendation == rec and rec.ngl <= truth
+    dry = probe_ngl(cfg, ts, params, budget, GiB)
+    assert dry.search is None and dry.attempts == () and dry.ceiling == r.prediction.ngl
+    assert dry.recommendation.ngl <= dry.ceiling

@@ -45,6 +45,9 @@ def bench(
     fa: Annotated[str, typer.Option("-fa", "--flash-attn", help="Flash attention 0/1 (the CPU kernel is always flash-style).")] = "1",
     batch: Annotated[str, typer.Option("-b", "--batch-size", help="Batch sizes, comma-separated.")] = "2048",
     ubatch: Annotated[str, typer.Option("-ub", "--ubatch-size", help="Micro-batch sizes, comma-separated.")] = "512",
+    nopo: Annotated[str, typer.Option("-nopo", "--no-op-offload", help="1: the CPU layers' prefill stays on the CPU; "
+                                      "0: batches of >= 32 tokens run them on the GPU, weights streamed (comma-separated "
+                                      "to compare).")] = "0",
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed repetitions per test.")] = 5,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, json, csv.")] = "md",
     numa: NumaOpt = None,
@@ -69,17 +72,21 @@ def bench(
     machine = probe_machine()
     rows: list[dict] = []
     combos = itertools.product(_ints(ngl, "-ngl"), _strs(ctk), _strs(ctv), _ints(fa, "-fa"), _ints(batch, "-b"),
-                               _ints(ubatch, "-ub"), _ints(threads, "-t"))
-    for n_gl, tk, tv, fa_on, b, ub, t in combos:
-        engine, _ = load_engine(model, EngineParams(4096, b, ub, tk, tv, t, **sysp), str(n_gl))
+                               _ints(ubatch, "-ub"), _ints(threads, "-t"), _ints(nopo, "-nopo"))
+    for n_gl, tk, tv, fa_on, b, ub, t, po_off in combos:
+        params = EngineParams(4096, b, ub, tk, tv, t, **{**sysp, "op_offload": not po_off})
+        engine, _ = load_engine(model, params, str(n_gl))
         import numba  # noqa: PLC0415 - the thread count in effect
 
         n_threads = numba.get_num_threads()
         for res in run_bench(engine, tests, reps):
             rows.append(_row(engine, res, machine, n_threads, n_gl, tk, tv, fa_on, b, ub))
+            rows[-1]["no_op_offload"] = int(bool(po_off))
+            rows[-1]["op_offload"] = _op_offload(engine)  # batches the GPU ran for CPU layers, bytes streamed
             rows[-1]["gpu_decode"] = _gpu_decode(engine)  # CUDA graphs, or eager launches and why
             if output == "md":
-                note(f"{rows[-1]['test']}: {res.avg_ts:.2f} ± {res.stddev_ts:.2f} t/s (t={n_threads})")
+                note(f"{rows[-1]['test']}: {res.avg_ts:.2f} ± {res.stddev_ts:.2f} t/s (t={n_threads}, "
+                     f"nopo={int(bool(po_off))})")
         if rows and rows[-1]["gpu_decode"]:
             note(f"GPU decode: {rows[-1]['gpu_decode']}")
         engine.close()
@@ -115,15 +122,23 @@ def _render(rows: list[dict], output: str) -> None:
         w.writerows(rows)
         sys.stdout.write(buf.getvalue())
         return
-    header = ["model", "size", "params", "backend", "threads", "type_k", "type_v", "ngl", "test", "t/s"]
+    header = ["model", "size", "params", "backend", "threads", "type_k", "type_v", "ngl", "nopo", "test", "t/s"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     for r in rows:
         lines.append("| " + " | ".join([
             r["model_type"], fmt_bytes(r["model_size"]), fmt_count(r["model_n_params"]), r["backends"],
-            str(r["n_threads"]), r["type_k"], r["type_v"], str(r["n_gpu_layers"]), r["test"],
+            str(r["n_threads"]), r["type_k"], r["type_v"], str(r["n_gpu_layers"]), str(r["no_op_offload"]), r["test"],
             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
         ]) + " |")
     print("\n".join(lines))
+
+
+def _op_offload(engine) -> str:
+    """How many batches ran CPU layers on the GPU (op offload) and the weight bytes they streamed, or "off"."""
+    off = engine.op_offload
+    if off is None:
+        return "off"
+    return f"{off.batches} batches, {off.streamed_bytes / 2**30:.2f} GiB streamed"
 
 
 def _gpu_decode(engine) -> str:

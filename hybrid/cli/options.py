@@ -43,6 +43,12 @@ MlockOpt = Annotated[
     bool,
     typer.Option("--mlock", help="Lock the CPU-resident weights in RAM (never paged out; needs a high `ulimit -l`)."),
 ]
+NoOpOffloadOpt = Annotated[
+    bool,
+    typer.Option("--no-op-offload",
+                 help="Keep the prefill of CPU-resident layers on the CPU (by default batches of >= 32 tokens multiply "
+                      "their weights on the GPU, streamed over PCIe, as llama.cpp does)."),
+]
 NoMmapOpt = Annotated[bool, typer.Option("--no-mmap", help="Read the model into memory instead of memory-mapping it.")]
 CpuMaskOpt = Annotated[
     Optional[str],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import time
+from functools import partial
 from typing import Annotated, Optional
 
 import typer
@@ -19,12 +19,13 @@ from hybrid.engine import Engine, EngineParams
 from hybrid.errors import DeviceUnavailable, HybridError
 from hybrid.models import resolve_model
 from hybrid.placement import plan
-from hybrid.probe import DEFAULT_MARGIN_BYTES, find_ceiling, kv_type_table, predict_max_ngl, recommend
+from hybrid.probe import DEFAULT_MARGIN_BYTES, kv_type_table
+from hybrid.probe_device import probe_ngl, probe_overhead_bytes, try_fit
 from hybrid.probe_checks import gpu_link_checks, mlock_check, numa_check, thread_sweep, threads_check
 from hybrid.sizes import format_size, parse_size
 
 from .common import ModelArg, cache_dir
-from .options import CtkOpt, CtvOpt, CtxOpt, UBatchOpt, VramBudgetOpt
+from .options import CtkOpt, CtvOpt, CtxOpt, NoOpOffloadOpt, UBatchOpt, VramBudgetOpt
 from .session import note
 
 
@@ -35,6 +36,7 @@ def probe(
     ctv: CtvOpt = "f16",
     ubatch: UBatchOpt = 512,
     vram_budget: VramBudgetOpt = None,
+    no_op_offload: NoOpOffloadOpt = False,
     margin: Annotated[Optional[str], typer.Option("--margin", help="Headroom to leave below the ceiling (default 1GiB).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only the predicted plan: no GPU needed (give --vram-budget).")] = False,
     fast: Annotated[bool, typer.Option("--fast", help="Skip the measured thread sweep.")] = False,
@@ -61,31 +63,24 @@ def probe(
         config, tensors = ModelConfig.from_gguf(f), dict(f.tensors)
     n_ctx = ctx or config.n_ctx_train
     kw = dict(swa_full=True)
-    pred = predict_max_ngl(config, tensors, budget, n_ctx, ctk, ctv, ubatch, **kw)
+    params = EngineParams(n_ctx, max(ubatch, 512), ubatch, ctk, ctv, op_offload=not no_op_offload)
+    overhead = probe_overhead_bytes(config, tensors, params)  # as `hybrid run` will plan (op offload included)
+    fit = None if dry_run else partial(try_fit, path, params, budget_bytes=budget, reserve_bytes=overhead)
+    def progress(a) -> None:
+        if not json_out:
+            note(f"  -ngl {a.ngl}: {'fits' if a.fits else 'out of memory'} (peak {format_size(a.peak_bytes)})")
+
+    result = probe_ngl(config, tensors, params, budget, margin_bytes, fit, progress, overhead)
+    rec = result.recommendation
     report: dict = {"model": str(path), "n_ctx": n_ctx, "type_k": ctk, "type_v": ctv, "n_ubatch": ubatch,
-                    "budget_bytes": budget, "n_offloadable": config.n_layer + 1, "predicted_ngl": pred.ngl}
-    ceiling = pred.ngl
+                    "budget_bytes": budget, "n_offloadable": config.n_layer + 1,
+                    "predicted_ngl": result.prediction.ngl}
     if not dry_run:
-        params = EngineParams(n_ctx, max(ubatch, 512), ubatch, ctk, ctv)
-        from hybrid.probe_device import try_fit  # noqa: PLC0415 - CuPy
-
-        attempts = []
-
-        def fits(n: int) -> bool:
-            t0 = time.perf_counter()
-            a = try_fit(path, params, n, budget)
-            attempts.append({**dataclasses.asdict(a), "seconds": round(time.perf_counter() - t0, 2)})
-            if not json_out:
-                note(f"  -ngl {n}: {'fits' if a.fits else 'out of memory'} (peak {format_size(a.peak_bytes)})")
-            return a.fits
-
-        t0 = time.perf_counter()
-        search = find_ceiling(fits, pred.ngl, config.n_layer + 1)
-        ceiling = search.ceiling
-        report.update(measured_ceiling=ceiling, attempts=attempts, probe_seconds=round(time.perf_counter() - t0, 1))
-    rec = recommend(ceiling, lambda n: plan(config, tensors, budget, n, n_ctx, ctk, ctv, ubatch, **kw), margin_bytes)
-    kv_rows = kv_type_table(config, tensors, budget, n_ctx, ubatch, margin_bytes=margin_bytes, **kw)
-    p = plan(config, tensors, budget, max(rec.ngl, 0), n_ctx, ctk, ctv, ubatch, **kw)
+        report.update(measured_ceiling=result.ceiling, attempts=[dataclasses.asdict(a) for a in result.attempts],
+                      probe_seconds=result.seconds)
+    kv_rows = kv_type_table(config, tensors, budget, n_ctx, ubatch, margin_bytes=margin_bytes, overhead_bytes=overhead,
+                            **kw)
+    p = plan(config, tensors, budget, max(rec.ngl, 0), n_ctx, ctk, ctv, ubatch, overhead_bytes=overhead, **kw)
     machine = probe_machine(with_gpu=False)
     sweep = None
     if not fast and not dry_run:
@@ -102,6 +97,8 @@ def probe(
     if ctk != "f16" or ctv != "f16":
         flags += [f"-ctk {ctk}", f"-ctv {ctv}"]
     flags += [f"-t {checks[0].value}"] + [c.value for c in checks[1:] if c.value]
+    if no_op_offload:
+        flags.append("--no-op-offload")
     command = f"hybrid run {path} " + " ".join(flags)
     report.update(recommended_ngl=rec.ngl, margin_bytes=margin_bytes, recommendation=dataclasses.asdict(rec),
                   kv_types=[dataclasses.asdict(r) for r in kv_rows], checks=[dataclasses.asdict(c) for c in checks],

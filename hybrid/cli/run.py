@@ -19,7 +19,7 @@ from .common import ModelArg
 from .explain import explain_plan, render_plan
 from .options import (BatchOpt, ChatTemplateOpt, CtkOpt, CtvOpt, CtxOpt, FrequencyOpt, MinPOpt, NglOpt, PresenceOpt,
                       RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, UBatchOpt,
-                      VramBudgetOpt, NumaOpt, MlockOpt, NoMmapOpt, CpuMaskOpt, CpuRangeOpt)
+                      VramBudgetOpt, NumaOpt, MlockOpt, NoMmapOpt, NoOpOffloadOpt, CpuMaskOpt, CpuRangeOpt)
 from .session import load_engine, note, system_params
 
 
@@ -39,6 +39,7 @@ def run(
     numa: NumaOpt = None,
     mlock: MlockOpt = False,
     no_mmap: NoMmapOpt = False,
+    no_op_offload: NoOpOffloadOpt = False,
     cpu_mask: CpuMaskOpt = None,
     cpu_range: CpuRangeOpt = None,
     explain: Annotated[bool, typer.Option("--explain", help="Print the placement plan (which layers go where, KV cache, headroom); without -p/-f, only that.")] = False,
@@ -63,7 +64,7 @@ def run(
     model asks for it. Examples: hybrid run -p "The capital of France is" -n 32 --temp 0
     """
     params = EngineParams(ctx, batch, ubatch, ctk, ctv, threads,
-                          **system_params(numa, mlock, no_mmap, cpu_mask, cpu_range))
+                          **system_params(numa, mlock, no_mmap, cpu_mask, cpu_range, no_op_offload))
     sampling = SamplingParams(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                               frequency_penalty, seed)
     if explain:

@@ -26,11 +26,12 @@ def note(msg: str) -> None:
 
 
 def system_params(numa: str | None, mlock: bool, no_mmap: bool, cpu_mask: str | None,
-                  cpu_range: str | None) -> dict:
-    """The EngineParams fields of --numa, --mlock, --no-mmap, -C/--cpu-mask and --cpu-range (usage errors raised)."""
+                  cpu_range: str | None, no_op_offload: bool = False) -> dict:
+    """The EngineParams fields of --numa, --mlock, --no-mmap, -C/--cpu-mask, --cpu-range and --no-op-offload
+    (usage errors raised)."""
     try:
         return {"numa": check_numa_mode(numa or ""), "use_mlock": mlock, "use_mmap": not no_mmap,
-                "cpus": select_cpus(cpu_mask, cpu_range)}
+                "cpus": select_cpus(cpu_mask, cpu_range), "op_offload": not no_op_offload}
     except HybridError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -60,11 +61,11 @@ def load_engine(model: str | None, params: EngineParams, ngl: str = "0",
         if not n_ctx:
             with open_gguf(path) as f:
                 n_ctx = ModelConfig.from_gguf(f).n_ctx_train
-        chosen, ceiling, predicted = choose_ngl(path, replace(params, n_ctx=n_ctx),
-                                                budget if budget is not None else gpus[0].free_bytes,
-                                                DEFAULT_MARGIN_BYTES)
-        note(f"-ngl auto: predicted {predicted}, measured ceiling {ceiling}, using -ngl {chosen} "
-             f"(1 GiB of headroom)")
+        found = choose_ngl(path, replace(params, n_ctx=n_ctx), budget if budget is not None else gpus[0].free_bytes,
+                           DEFAULT_MARGIN_BYTES)
+        chosen = found.recommendation.ngl
+        note(f"-ngl auto: predicted {found.prediction.ngl}, measured ceiling {found.ceiling} "
+             f"({len(found.attempts)} attempts, {found.seconds} s), using -ngl {chosen} (1 GiB of headroom)")
         ngl = str(chosen)
     threads = setup_threads(params.n_threads, params.cpus, params.numa)
     marker_dir = cache_dir() or default_cache_dir()

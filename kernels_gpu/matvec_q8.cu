@@ -1,0 +1,241 @@
+// matvec_q8.cu: one-token decode matvec y = W x on integer dot products. The activations are first quantized to
+// 8 bits per 32-element block (quantize_q8_1, a q8_1-style layout of our own: int8 qs and one float4 per block),
+// then every weight block is dotted with them by dp4a (4 int8 products a instruction) and scaled once per
+// sub-block. The float kernels of matvec_common.cu spend ~4 ALU instructions per weight element, which caps a
+// 4.5-bit type near the ALU rate; dp4a needs ~1 per 4 elements, so the loads (16-byte, many in flight) set the pace.
+
+#ifndef MV_WARPS
+#define MV_WARPS 8  // warps per CTA (256 threads), as matvec_common.cu
+#endif
+
+// xm[block] = (d, sum q[0..15], sum q[16..31], 0): d = amax / 127, q = rint(x / d) (0 where the block is all 0)
+extern "C" __global__ void __launch_bounds__(256) quantize_q8_1(const float* __restrict__ x, i8* __restrict__ xq,
+                                                               float4* __restrict__ xm, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;  // n % 32 == 0: a warp is one block, in or out as a whole
+    if (i >= n) return;
+    const float v = x[i];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+    xq[i] = (i8)q;
+    float s = (float)q;  // exact: |sum| <= 16 * 127
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float s_hi = __shfl_sync(0xffffffffu, s, 16);
+    if ((threadIdx.x & 31) == 0) xm[i >> 5] = make_float4(d, s, s_hi, 0.0f);
+}
+
+__device__ __forceinline__ int dp4a(u32 a, u32 b, int c) {  // c + sum of the 4 signed byte products
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+// weights stream once: read-only path, not kept in L1 (which holds the activations)
+__device__ __forceinline__ uint4 ldw128(const u8* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ u32 ldw32(const u8* p) {
+    u32 v;
+    asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint4 ldx128(const i8* p) { return __ldg((const uint4*)p); }
+__device__ __forceinline__ u32 word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// 16 bytes at a 2-byte aligned address a, as 5 aligned words from a & ~3 (the caller guarantees a + 20 is inside
+// the block); shifted into place by fix16
+struct U16B {
+    u32 w[5];
+};
+__device__ __forceinline__ U16B ld16_a2(const u8* a) {
+    const u8* a4 = (const u8*)((size_t)a & ~(size_t)3);
+    U16B r;
+#pragma unroll
+    for (int i = 0; i < 5; ++i) r.w[i] = ldw32(a4 + 4 * i);
+    return r;
+}
+__device__ __forceinline__ u32 fix16(const U16B& r, int i, u32 sh) { return __funnelshift_r(r.w[i], r.w[i + 1], sh); }
+
+// block_q4_K: d, dmin (fp16), scales[12], qs[128]. Part p (of 4) holds qs[32p .. 32p+31]: low nibbles are
+// sub-block 2p (elements 64p + l), high nibbles sub-block 2p + 1 (64p + 32 + l): whole q8 blocks 8b + 2p, 2p + 1.
+struct Q4K8 {
+    static constexpr int BS = 256, TS = 144, P = 4;
+    struct W {
+        uint4 h, q0, q1;  // header (d | dmin << 16, scales[0..3], [4..7], [8..11]); 32 bytes of qs
+    };
+    struct X {
+        uint4 a0, a1, b0, b1;
+        float4 ma, mb;
+    };
+    __device__ static __forceinline__ W load(const u8* b, int p) {
+        W w;
+        w.h = ldw128(b);
+        w.q0 = ldw128(b + 16 + 32 * p);
+        w.q1 = ldw128(b + 32 + 32 * p);
+        return w;
+    }
+    __device__ static __forceinline__ X loadx(const i8* xq, const float4* xm, int b, int p) {
+        X x;
+        const i8* xb = xq + b * BS + 64 * p;
+        x.a0 = ldx128(xb);
+        x.a1 = ldx128(xb + 16);
+        x.b0 = ldx128(xb + 32);
+        x.b1 = ldx128(xb + 48);
+        x.ma = xm[b * 8 + 2 * p];
+        x.mb = xm[b * 8 + 2 * p + 1];
+        return x;
+    }
+    __device__ static __forceinline__ float dot(const W& w, const X& x, int p) {
+        const u32 q[8] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w, w.q1.x, w.q1.y, w.q1.z, w.q1.w};
+        const u32 xa[8] = {x.a0.x, x.a0.y, x.a0.z, x.a0.w, x.a1.x, x.a1.y, x.a1.z, x.a1.w};
+        const u32 xb[8] = {x.b0.x, x.b0.y, x.b0.z, x.b0.w, x.b1.x, x.b1.y, x.b1.z, x.b1.w};
+        int sa = 0, sb = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            sa = dp4a(q[i] & 0x0F0F0F0Fu, xa[i], sa);
+            sb = dp4a((q[i] >> 4) & 0x0F0F0F0Fu, xb[i], sb);
+        }
+        // get_scale_min_k4 for the four sub-blocks of a word at once: 0..3 from the low six bits of
+        // scales[0..3] / [4..7]; 4..7 from the nibbles of scales[8..11] and the top two bits of [0..3] / [4..7]
+        const u32 s0 = w.h.y, s1 = w.h.z, s2 = w.h.w;
+        const u32 scw = p < 2 ? (s0 & 0x3F3F3F3Fu) : ((s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u));
+        const u32 mw = p < 2 ? (s1 & 0x3F3F3F3Fu) : (((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u));
+        const u32 sh = 16 * (p & 1);
+        const float sc_a = (float)((scw >> sh) & 255u), sc_b = (float)((scw >> (sh + 8)) & 255u);
+        const float m_a = (float)((mw >> sh) & 255u), m_b = (float)((mw >> (sh + 8)) & 255u);
+        const float d = h2f((u16)(w.h.x & 0xFFFFu)), dmin = h2f((u16)(w.h.x >> 16));
+        const float dot = sc_a * x.ma.x * (float)sa + sc_b * x.mb.x * (float)sb;
+        const float mins = m_a * x.ma.x * (x.ma.y + x.ma.z) + m_b * x.mb.x * (x.mb.y + x.mb.z);
+        return d * dot - dmin * mins;
+    }
+};
+
+// block_q6_K: ql[128], qh[64], scales[16] (int8), d (fp16); 2-byte aligned. Part p (of 4): h = p / 2,
+// l0 = 16 (p % 2), elements h*128 + 32k + l0 + l (k 0..3, l 0..15), each run half of q8 block 8b + 4h + k.
+// q = low4 | high2 << 4 in 0..63 (dp4a as is); the -32 comes off as 32 * (sum of the q8 half).
+struct Q6K8 {
+    static constexpr int BS = 256, TS = 210, P = 4;
+    struct W {
+        U16B lo, hi, qh;  // ql[h*64 + l0 ..], ql[h*64 + 32 + l0 ..], qh[h*32 + l0 ..]
+        u32 sc01, sc23;   // scales[h*8 + 2k + (0, 1)] as u16 pairs: k = 0, 1 | k = 2, 3
+        u16 d;
+        u32 sh;
+    };
+    struct X {
+        uint4 q[4];
+        float4 m[4];
+    };
+    __device__ static __forceinline__ W load(const u8* b, int p) {
+        const int h = p >> 1, l0 = 16 * (p & 1);
+        W w;
+        w.lo = ld16_a2(b + h * 64 + l0);
+        w.hi = ld16_a2(b + h * 64 + 32 + l0);
+        w.qh = ld16_a2(b + 128 + h * 32 + l0);
+        w.sc01 = ld_u32_a2(b + 192 + h * 8);
+        w.sc23 = ld_u32_a2(b + 192 + h * 8 + 4);
+        w.d = ld_u16(b + 208);
+        w.sh = 8u * ((u32)(size_t)b & 3u);
+        return w;
+    }
+    __device__ static __forceinline__ X loadx(const i8* xq, const float4* xm, int b, int p) {
+        const int h = p >> 1, l0 = 16 * (p & 1);
+        X x;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            x.q[k] = ldx128(xq + b * BS + h * 128 + 32 * k + l0);
+            x.m[k] = xm[b * 8 + 4 * h + k];
+        }
+        return x;
+    }
+    __device__ static __forceinline__ float dot(const W& w, const X& x, int p) {
+        int s[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 l = fix16(w.lo, i, w.sh), m = fix16(w.hi, i, w.sh), h = fix16(w.qh, i, w.sh);
+            const u32 xk[4] = {word(x.q[0], i), word(x.q[1], i), word(x.q[2], i), word(x.q[3], i)};
+            s[0] = dp4a((l & 0x0F0F0F0Fu) | ((h << 4) & 0x30303030u), xk[0], s[0]);
+            s[1] = dp4a((m & 0x0F0F0F0Fu) | ((h << 2) & 0x30303030u), xk[1], s[1]);
+            s[2] = dp4a(((l >> 4) & 0x0F0F0F0Fu) | (h & 0x30303030u), xk[2], s[2]);
+            s[3] = dp4a(((m >> 4) & 0x0F0F0F0Fu) | ((h >> 2) & 0x30303030u), xk[3], s[3]);
+        }
+        const u32 hs = 8u * (p & 1);  // byte (p % 2) of each u16 pair
+        const float sc[4] = {(float)(i8)(w.sc01 >> hs), (float)(i8)(w.sc01 >> (16 + hs)),
+                             (float)(i8)(w.sc23 >> hs), (float)(i8)(w.sc23 >> (16 + hs))};
+        float acc = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const float half_sum = (p & 1) ? x.m[k].z : x.m[k].y;
+            acc += sc[k] * x.m[k].x * ((float)s[k] - 32.0f * half_sum);
+        }
+        return h2f(w.d) * acc;
+    }
+};
+
+// y[row] for RPW rows a warp, `wpr` warps a row group (split along the row, reduced through shared memory).
+// Every row's weight loads of an item are issued before its first dp4a (rows past the end re-read the group's
+// last row, never written), and the activations of an item are loaded once for the RPW rows.
+template <class Q, int RPW>
+__device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ w, const i8* __restrict__ xq,
+                                               const float4* __restrict__ xm, float* __restrict__ y, int n_out,
+                                               int n_blocks, int wpr) {
+    __shared__ float red[MV_WARPS][RPW];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * (MV_WARPS / wpr) + warp / wpr) * RPW;
+    const int sub = warp % wpr;
+    const size_t row_bytes = (size_t)n_blocks * Q::TS;
+    const int nr = min(RPW, n_out - row0);
+    float acc[RPW];
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) acc[rr] = 0.0f;
+    if (nr > 0) {
+        const int n_items = n_blocks * Q::P;
+        const u8* w0 = w + (size_t)row0 * row_bytes;
+        for (int i = sub * WARP + lane; i < n_items; i += WARP * wpr) {
+            const int b = i / Q::P, p = i % Q::P;
+            typename Q::W wr[RPW];
+#pragma unroll
+            for (int rr = 0; rr < RPW; ++rr) {
+                const int rs = rr < nr ? rr : nr - 1;
+                wr[rr] = Q::load(w0 + rs * row_bytes + (size_t)b * Q::TS, p);
+            }
+            const typename Q::X xv = Q::loadx(xq, xm, b, p);
+#pragma unroll
+            for (int rr = 0; rr < RPW; ++rr) acc[rr] += Q::dot(wr[rr], xv, p);
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) acc[rr] = warp_sum(acc[rr]);
+    if (wpr == 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int rr = 0; rr < RPW; ++rr)
+                if (rr < nr) y[row0 + rr] = acc[rr];
+        }
+        return;
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) red[warp][rr] = acc[rr];
+    }
+    __syncthreads();
+    if (sub == 0 && lane < nr) {
+        float s = 0.0f;
+        for (int k = 0; k < wpr; ++k) s += red[warp + k][lane];
+        y[row0 + lane] = s;
+    }
+}
+
+#define MVQ8_ARGS                                                                                            \
+    const u8 *__restrict__ w, const i8 *__restrict__ xq, const float4 *__restrict__ xm, float *__restrict__ y, \
+        int n_out, int n_blocks, int wpr
+#define Q8_ENTRY(name, Q, R)                                                                                 \
+    extern "C" __global__ void __launch_bounds__(256) matvec_q8_##name##_r##R(MVQ8_ARGS) {                   \
+        matvec_q8_body<Q, R>(w, xq, xm, y, n_out, n_blocks, wpr);                                            \
+    }
+#define Q8_ENTRIES(name, Q) Q8_ENTRY(name, Q, 1) Q8_ENTRY(name, Q, 2) Q8_ENTRY(name, Q, 4)
+
+Q8_ENTRIES(q4_k, Q4K8)
+Q8_ENTRIES(q6_k, Q6K8)
