@@ -33,6 +33,7 @@ class GpuBackend:
         self.use_graphs = True  # decode_step: capture and replay CUDA graphs (False: eager launches, reported)
         self._graphs = None  # kernels_gpu.graph.GraphRunner, made at the first decode_step
         self._slots: dict[int, tuple[int, int]] = {}  # during a decode step: layer -> device slots of its k, v
+        self._q8_memo = None  # (x, its quantize_q8_1): the last one-token input quantized for a q8 matvec
 
     # ---- placement helpers
     def free_bytes(self) -> int:
@@ -131,11 +132,19 @@ class GpuBackend:
     # ---- the backend interface
     def matmul(self, w: Weight, x):
         """x (n, in) f32 -> (n, out) f32, straight from the raw blocks of w (uploaded)."""
-        from kernels_gpu.matmul import matmul  # noqa: PLC0415
+        from kernels_gpu.matmul import matmul, quantize_q8_1, uses_q8  # noqa: PLC0415
 
         if not isinstance(w.raw, self._cupy.ndarray):
             raise ValueError(f"weight {w.name} is not on the GPU: GpuBackend.upload it first")
-        return matmul(w.raw, w.type_name, self._dev(x))
+        xd = self._dev(x)
+        if xd.ndim != 2 or not uses_q8(w.type_name, xd.shape[0]):
+            return matmul(w.raw, w.type_name, xd)
+        # one token on 8-bit activations: x is quantized once for every weight it meets in a row (q, k, v; gate,
+        # up), as the blocks call matmul on the same array; the memo holds x itself, so its memory is not reused
+        memo = self._q8_memo
+        if memo is None or memo[0] is not x:
+            memo = self._q8_memo = (x, quantize_q8_1(xd))
+        return matmul(w.raw, w.type_name, xd, q8_act=memo[1])
 
     def get_rows(self, w: Weight, ids):
         """Embedding lookup: dequantize only the requested rows -> (n, n_embd) f32 (on the GPU when w is)."""

@@ -23,8 +23,12 @@ GEMM_MIN_TOKENS = 9  # from here on dequantize + cuBLAS (measured: equal to the 
 GEMM_CHUNK_ELEMENTS = 1 << 26  # dequantized scratch per chunk: 64 Mi values = 128 MiB of fp16
 MV_WARPS = 8  # warps per CTA in the matvec kernels (MV_WARPS / MVF_WARPS in the .cu files)
 MATVEC_DEFINES: tuple[tuple[str, int], ...] = ()  # -D flags of the matvec modules (("MV_HOIST", 0) = old loop)
-MATVEC_Q8 = True  # default of matmul(q8=None): one-token matvecs of Q8_MATVEC types on q8 activations + dp4a
+MATVEC_Q8 = True  # default of matmul(q8=None): one-token matvecs of Q8_AUTO types on q8 activations + dp4a
 Q8_MATVEC: dict[str, int] = {"Q4_K": 4, "Q6_K": 4}  # type -> parts a block (threads) in matvec_q8.cu
+# The types whose one-token matvec takes the q8 path by default: measured on the H200 (scripts/gpu_matvec_check.py,
+# weights beyond L2), Q4_K's q8 kernel streams 1.5-2.2x faster than the float one on 4096- to 14336-row matrices;
+# Q6_K's is 0.6-0.7x of its float kernel, so Q6_K keeps the float kernel unless asked (q8=True).
+Q8_AUTO = frozenset({"Q4_K"})
 Q8_BLOCK = 32  # activations per q8 scale
 
 
@@ -87,15 +91,23 @@ def _check(name, a, dtype, ndims):
         raise ValueError(f"{name} must be C-contiguous (shape {a.shape}, strides {a.strides})")
 
 
+def uses_q8(type_name: str, n_tok: int, q8: bool | None = None) -> bool:
+    """Whether matmul's one-token matvec of `type_name` runs on 8-bit activations (q8: None = the default)."""
+    if n_tok != 1 or type_name not in Q8_MATVEC:
+        return False
+    return (MATVEC_Q8 and type_name in Q8_AUTO) if q8 is None else q8
+
+
 def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = None, rpw: int | None = None,
-           q8: bool | None = None):
+           q8: bool | None = None, q8_act: tuple | None = None):
     """y = x @ W.T with W kept in its raw GGML blocks on the GPU.
 
     w_raw: cupy uint8 (n_out, row_bytes), C-contiguous; x: cupy float32 (n_tok, n_in) or (n_in,);
     out: optional cupy float32 (n_tok, n_out) or (n_out,). Returns y float32 (n_tok, n_out) or (n_out,).
     path: "auto", "matvec" (chunks of 8 tokens) or "gemm" (dequantize + cuBLAS); wpr: warps per row group,
     rpw: rows per warp (one-token matvec of quantized types); None picks them. q8: one token on a Q8_MATVEC type
-    goes through 8-bit activations and dp4a (True) or float activations (False); None: MATVEC_Q8.
+    goes through 8-bit activations and dp4a (True) or float activations (False); None: MATVEC_Q8 for Q8_AUTO types.
+    q8_act: x already quantized by quantize_q8_1 (xq, xm), for callers that multiply one x by several weights.
     """
     import cupy  # noqa: PLC0415
 
@@ -126,8 +138,8 @@ def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = 
     y2 = out.reshape(n_tok, n_out)
     if path == "auto":
         path = "gemm" if n_tok >= GEMM_MIN_TOKENS else "matvec"
-    if path == "matvec" and n_tok == 1 and type_name in Q8_MATVEC and (MATVEC_Q8 if q8 is None else q8):
-        xq, xm = quantize_q8_1(x2)
+    if path == "matvec" and uses_q8(type_name, n_tok, q8):
+        xq, xm = quantize_q8_1(x2) if q8_act is None else q8_act
         matvec_q8(w_raw, type_name, xq, xm, y2, wpr, rpw)
     elif path == "matvec":
         for s in range(0, n_tok, MATVEC_MAX_TOKENS):
@@ -224,15 +236,12 @@ def q8_1_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def q8_config(n_out: int, items_per_row: int, rpw: int | None = None) -> tuple[int, int]:
-    """(rows per warp, warps per row group) of the q8 matvec: 4 rows a warp from 8192 rows, 2 from 2048, else 1;
-    then warps per row group doubled while fewer than 8192 warps run and every lane keeps >= 1 item.
-    Not yet tuned on the device (scripts/gpu_matvec_check.py sweeps it)."""
+    """(rows per warp, warps per row group) of the q8 matvec, from the device sweep of scripts/gpu_matvec_check.py
+    (H200, Q4_K): 2 rows a warp everywhere; one warp a row group from 4096 rows (2412-2577 GB/s on 14336x4096 and
+    4096x14336, 1758 on 4096x4096), two below (1024x4096: 813 GB/s)."""
     if rpw is None:
-        rpw = 4 if n_out >= 8192 else 2 if n_out >= 2048 else 1
-    groups = -(-n_out // rpw)
-    wpr = 1
-    while wpr < MV_WARPS and groups * wpr < 8192 and items_per_row >= 64 * wpr:
-        wpr *= 2
+        rpw = 2
+    wpr = 1 if n_out >= 4096 else 2 if items_per_row >= 128 else 1
     return rpw, wpr
 
 

@@ -433,6 +433,28 @@ def test_backend_matmul_vs_cpu(backends, name, n_tok):
     assert nmse(y_gpu, y_cpu) < tol
 
 
+def test_backend_quantizes_a_shared_input_once(backends, monkeypatch):
+    # q, k, v (and gate, up) multiply one x: the backend quantizes it once; results equal separate matmuls
+    import kernels_gpu.matmul as gm
+    from hybrid.weights import Weight
+
+    _, gpu = backends
+    rng = np.random.default_rng(29)
+    ws = [gpu.upload(Weight(f"w{i}", "Q4_K", (n, 512), random_weight("Q4_K", n, 512, rng))) for i, n in
+          enumerate((64, 96, 64))]
+    x = gpu.from_host(rng.standard_normal((1, 512)).astype(np.float32))
+    calls = []
+    real = gm.quantize_q8_1
+    monkeypatch.setattr(gm, "quantize_q8_1", lambda a: calls.append(1) or real(a))
+    ys = [gpu.to_host(gpu.matmul(w, x)) for w in ws]
+    assert len(calls) == 1  # one quantization for the three weights
+    for w, y in zip(ws, ys):
+        np.testing.assert_array_equal(y, matmul(w.raw, "Q4_K", x, q8=True).get())
+    x2 = x * 2  # a new input is quantized anew
+    np.testing.assert_array_equal(gpu.to_host(gpu.matmul(ws[0], x2)), matmul(ws[0].raw, "Q4_K", x2, q8=True).get())
+    assert len(calls) == 2
+
+
 def test_backend_ops_vs_cpu(backends):
     cpu, gpu = backends
     rng = np.random.default_rng(23)
