@@ -103,6 +103,13 @@ class OpOffload:
         self._pending: deque[tuple[str, int, int]] = deque()  # (name, r0, r1) streaming in this batch, in order
         self.batches = 0  # batches run so far (a count for tests and reports)
         self.streamed_bytes = 0  # weight bytes streamed so far
+        self.register_note: str | None = None  # None: not tried yet; "": registered; else why not (staged copies)
+
+    def describe(self) -> str:
+        """Batches run, bytes streamed, and how: DMA straight from page-locked host memory, or staged copies."""
+        how = {None: "", "": ", direct from page-locked host memory"}.get(
+            self.register_note, f", staged through pinned buffers ({self.register_note})")
+        return f"{self.batches} batches, {self.streamed_bytes / 2**30:.2f} GiB streamed{how}"
 
     def wants(self, n_tokens: int) -> bool:
         return wants_offload(n_tokens, self.min_batch)
@@ -128,6 +135,8 @@ class OpOffload:
                     pending.append((lw[k].name, r0, r1))
                     sources.append(raw[r0:r1].reshape(-1).view(np.uint8))
         self._pending = pending
+        if sources and self.register_note is None:  # once: page-lock the CPU layers' weights for direct DMA
+            self.register_note = self.stream.register(sources)
         self.stream.start(sources)
         if sources:
             self.batches += 1

@@ -46,7 +46,10 @@ PY
   python3 -m hybrid run "$m" -ngl "$((meas + 1))" -c "$c" --vram-budget "$b" -ctk "$kv" -ctv "$kv" -p hi -n 1 > /dev/null 2> "$OUT/$tag.over.err"
   echo "  run -ngl $((meas + 1)): rc=$? $(tail -1 "$OUT/$tag.over.err")" | tee -a "$OUT/summary.txt"
 }
+case_run /tmp/l8b.gguf 4096 3GiB f16 128
 case_run /tmp/l8b.gguf 4096 4GiB f16 128
+case_run /tmp/l8b.gguf 4096 4GiB q8_0 128
+case_run /tmp/l8b.gguf 32768 6GiB f16 128
 case_run /tmp/l8b.gguf 32768 6GiB q8_0 128
 case_run /tmp/q32b.gguf 4096 12GiB f16 16
 stamp "probe twice in one process"

@@ -94,6 +94,9 @@ class FakeStream:
         self.sources: list = []
         self.next = 0
 
+    def register(self, sources):
+        return "fake: not registered"
+
     def start(self, sources):
         self.sources, self.next = list(sources), 0
         self.log.append(("start", len(self.sources)))
@@ -222,7 +225,8 @@ def models(tmp_path_factory):
 @gpu_only
 @pytest.mark.parametrize("mix", ["F16", "Q4_K_M"])
 @pytest.mark.parametrize("max_piece", [None, 40_000])  # one piece per matrix; several row pieces per matrix
-def test_streamed_matmul_equals_resident(models, mix, max_piece):
+@pytest.mark.parametrize("direct", [True, False])  # DMA from the page-locked map, or staged through pinned chunks
+def test_streamed_matmul_equals_resident(models, mix, max_piece, direct):
     import cupy
 
     from hybrid.backend_gpu import GpuBackend
@@ -232,6 +236,8 @@ def test_streamed_matmul_equals_resident(models, mix, max_piece):
     eng = Engine.load(models("llama", mix), EngineParams(n_ctx=64))
     gpu, cpu = GpuBackend(), CpuBackend()
     off = OpOffload(gpu, cpu, WeightStream(slot_bytes(eng.gguf.tensors)), max_piece=max_piece)
+    if not direct:
+        off.register_note = "not registered (test)"  # as if registration had been refused
     try:
         lw = eng.weights.layers[1]
         rng = np.random.default_rng(0)
@@ -247,6 +253,8 @@ def test_streamed_matmul_equals_resident(models, mix, max_piece):
                 else:
                     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max(), err_msg=name)
         assert off.batches == 1
+        assert off.register_note == ("" if direct else "not registered (test)"), off.register_note
+        assert (off.stream.direct_bytes > 0) == direct
     finally:
         off.close()
         eng.close()

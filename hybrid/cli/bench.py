@@ -138,7 +138,7 @@ def _op_offload(engine) -> str:
     off = engine.op_offload
     if off is None:
         return "off"
-    return f"{off.batches} batches, {off.streamed_bytes / 2**30:.2f} GiB streamed"
+    return off.describe()
 
 
 def _gpu_decode(engine) -> str:
