@@ -6,6 +6,8 @@ uploads go in chunks through two pinned buffers, so that filling one overlaps th
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 SMALL_BYTES = 1 << 16  # below this a plain (pageable) copy costs no more than staging
@@ -41,7 +43,9 @@ class PinnedStager:
         x = np.ascontiguousarray(x)
         d = cupy.empty(x.shape, dtype=x.dtype)
         if x.nbytes < SMALL_BYTES:
-            d.set(x)
+            # through a private copy: x may be a view of the GGUF map whose pages a WeightStream page-locked in
+            # part (a tensor across the edge of the registered span), which the driver refuses to copy from
+            d.set(np.array(x, copy=True))
             return d
         src = x.reshape(-1).view(np.uint8)
         stream = cupy.cuda.get_current_stream()
@@ -75,6 +79,10 @@ STREAM_CHUNK_BYTES = 16 << 20  # granularity of a streamed weight's pageable -> 
 STREAM_PINNED = 4  # pinned chunks: the copy threads fill one while the copy engine drains the others
 COPY_THREADS = 4  # threads filling one pinned chunk from pageable memory (numpy's copies release the GIL)
 HOST_REGISTER_PORTABLE, HOST_REGISTER_READ_ONLY = 0x01, 0x08  # cudaHostRegister flags (the GGUF map is read-only)
+
+
+def _host_unregister(rt, ptr: int, _sources: list) -> None:
+    rt.hostUnregister(ptr)
 
 
 class WeightStream:
@@ -164,6 +172,9 @@ class WeightStream:
                 why = str(exc)
                 continue
             self._registered = (lo, hi)
+            # unregistered by close(), or when the stream is collected; the finalizer holds the sources, so the
+            # mapping under the registered pages cannot be unmapped (and its addresses reused) before that
+            self._unregister = weakref.finalize(self, _host_unregister, rt, lo, list(sources))
             return ""
         return why
 
@@ -211,7 +222,7 @@ class WeightStream:
         if self._pool is not None:
             self._pool.shutdown()
         if self._registered is not None:
-            self._cp.cuda.runtime.hostUnregister(self._registered[0])
+            self._unregister()
             self._registered = None
         self._slots, self._pinned = [], []
 
