@@ -233,3 +233,254 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ms, const
 #ifdef ATT_E
 ATTN_ENTRY_X(ATT_E, ATT_HPC)
 #endif
+
+// ---- prefill: query tiles x key tiles in shared memory (built with -DATTP_D=head_dim, a multiple of 64, <= 256)
+// A CTA (256 threads, 16 x 16) takes ATTP_BQ = 64 query rows of one KV head: row i of the (token, head of the GQA
+// group) pairs in order, token i / G, head hk * G + i % G, so the heads of a group share every K/V tile. Per tile
+// of ATTP_BK = 64 keys the cache rows are dequantized to float in shared memory (K transposed), thread (ty, tx)
+// computes the 4 x 4 scores of rows ty*4.. and keys tx*4.., runs the online softmax of its 4 rows (max over the 16
+// threads of a row by shuffles), writes its probabilities to shared memory and accumulates rows ty*4.. x columns
+// tx*4 + 64 j of P V in fp32 registers. The key range of a CTA is the union of its rows' masks; each score is masked
+// by its own row's (causal, sliding window). CTAs are issued last row tile first (the most keys, when positions
+// ascend). Sums run in another order than attn_e*'s (fp32 either way).
+#ifdef ATTP_D
+#define ATTP_BQ 64
+#define ATTP_BK 64
+#define ATTP_THREADS 256
+
+// elements [e0, e0 + 8) of a cache row of type `code` as float32 (e0 a multiple of 8; f32/f16 rows 16-byte aligned)
+__device__ __forceinline__ void load_chunk8(int code, const u8* __restrict__ row, int e0, float (&v)[8]) {
+    if (code == 0) {
+        const float4 a = *(const float4*)((const float*)row + e0), b = *(const float4*)((const float*)row + e0 + 4);
+        v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+        v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+    } else if (code == 1) {
+        const uint4 a = *(const uint4*)((const u16*)row + e0);
+        const u32 w[4] = {a.x, a.y, a.z, a.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            v[2 * k] = h2f((u16)(w[k] & 0xffffu));
+            v[2 * k + 1] = h2f((u16)(w[k] >> 16));
+        }
+    } else if (code == 2) {
+        const u8* blk = row + (e0 >> 5) * 34;
+        const float d = ld_f16(blk);
+        const u8* qs = blk + 2 + (e0 & 31);
+#pragma unroll
+        for (int k = 0; k < 8; ++k) v[k] = (float)(i8)qs[k] * d;
+    } else {
+        const u8* blk = row + (e0 >> 5) * 18;
+        const float d = ld_f16(blk);
+        const int o = e0 & 31;
+        const u8* qs = blk + 2 + (o & 15);
+        const bool high = o >= 16;
+#pragma unroll
+        for (int k = 0; k < 8; ++k) {
+            const u32 b = qs[k];
+            const int qv = (int)(high ? (b >> 4) : (b & 15u)) - 8;
+            v[k] = d * (float)qv;
+        }
+    }
+}
+
+template <int D>
+__device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, const u8* __restrict__ kc,
+                                                  const u8* __restrict__ vc, const i32* __restrict__ pos,
+                                                  float* __restrict__ out, int n_tok, int n_head, int n_head_kv,
+                                                  int code_k, int code_v, int rbk, int rbv, int n_kv, float scale,
+                                                  int n_swa) {
+    constexpr int BQ = ATTP_BQ, BK = ATTP_BK, NJ = D / 64, PS = BK + 4;  // PS: sP row stride
+    constexpr int KREG = D * BK > BQ * PS ? D * BK : BQ * PS;
+    extern __shared__ float4 attp_smem4[];
+    float* sQt = (float*)attp_smem4;  // [D][BQ]: the query tile, transposed
+    float* sKt = sQt + D * BQ;         // [D][BK]: the key tile, transposed; then sP [BQ][PS], the probabilities
+    float* sP = sKt;
+    float* sV = sKt + KREG;            // [BK][D]: the value tile
+    __shared__ int s_lo[BQ], s_hi[BQ], s_range[2];
+
+    const int G = n_head / n_head_kv;
+    const int hk = blockIdx.y;
+    const int n_rows = n_tok * G;
+    const int r0 = (gridDim.x - 1 - blockIdx.x) * BQ;
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+
+    if (tid == 0) {
+        s_range[0] = 0x7fffffff;
+        s_range[1] = 0;
+    }
+    __syncthreads();
+    if (tid < BQ) {
+        const int r = r0 + tid;
+        int lo = 0, hi = 0;  // an empty mask for rows past the end
+        if (r < n_rows) {
+            const int p = pos[r / G];
+            lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
+            hi = min(p, n_kv - 1) + 1;
+            if (hi > lo) {
+                atomicMin(&s_range[0], lo);
+                atomicMax(&s_range[1], hi);
+            }
+        }
+        s_lo[tid] = lo;
+        s_hi[tid] = hi;
+    }
+    for (int task = tid; task < BQ * D / 4; task += ATTP_THREADS) {  // lanes: consecutive rows
+        const int r = task % BQ, d0 = (task / BQ) * 4;
+        const int gr = r0 + r;
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (gr < n_rows) a = *(const float4*)(q + ((size_t)(gr / G) * n_head + hk * G + gr % G) * D + d0);
+        sQt[(d0 + 0) * BQ + r] = a.x;
+        sQt[(d0 + 1) * BQ + r] = a.y;
+        sQt[(d0 + 2) * BQ + r] = a.z;
+        sQt[(d0 + 3) * BQ + r] = a.w;
+    }
+    __syncthreads();
+    const int kmin = s_range[0], kmax = s_range[1];
+    int lo[4], hi[4];
+    float m[4], l[4], acc[4][NJ * 4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        lo[i] = s_lo[ty * 4 + i];
+        hi[i] = s_hi[ty * 4 + i];
+        m[i] = NEG_INF;
+        l[i] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < NJ * 4; ++e) acc[i][e] = 0.0f;
+    }
+
+    const size_t kstride = (size_t)n_head_kv * rbk, vstride = (size_t)n_head_kv * rbv;
+    const u8* kbase = kc + (size_t)hk * rbk;
+    const u8* vbase = vc + (size_t)hk * rbv;
+    for (int c0 = kmin; c0 < kmax; c0 += BK) {  // CTA-uniform
+        __syncthreads();  // the previous tile's sP and sV are read
+        for (int task = tid; task < BK * D / 8; task += ATTP_THREADS) {  // K, lanes: consecutive keys
+            const int kk = task % BK, d0 = (task / BK) * 8;
+            const int c = c0 + kk;
+            float v[8];
+            if (c < kmax) {
+                load_chunk8(code_k, kbase + (size_t)c * kstride, d0, v);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[j] = 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) sKt[(d0 + j) * BK + kk] = v[j];
+        }
+        for (int task = tid; task < BK * D / 8; task += ATTP_THREADS) {  // V, lanes: consecutive chunks of a row
+            const int kk = task / (D / 8), d0 = (task % (D / 8)) * 8;
+            const int c = c0 + kk;
+            float v[8];
+            if (c < kmax) {
+                load_chunk8(code_v, vbase + (size_t)c * vstride, d0, v);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[j] = 0.0f;  // zeros, not stale values: p = 0 times NaN is NaN
+            }
+            *(float4*)(sV + kk * D + d0) = make_float4(v[0], v[1], v[2], v[3]);
+            *(float4*)(sV + kk * D + d0 + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        }
+        __syncthreads();
+
+        float s[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) s[i][j] = 0.0f;
+#pragma unroll 8
+        for (int d = 0; d < D; ++d) {
+            const float4 qa = *(const float4*)(sQt + d * BQ + ty * 4);
+            const float4 ka = *(const float4*)(sKt + d * BK + tx * 4);
+            const float qv[4] = {qa.x, qa.y, qa.z, qa.w}, kv[4] = {ka.x, ka.y, ka.z, ka.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) s[i][j] = fmaf(qv[i], kv[j], s[i][j]);
+        }
+        __syncthreads();  // every score is read from sKt: sP may overwrite it
+
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            float tmax = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int c = c0 + tx * 4 + j;
+                s[i][j] = (c >= lo[i] && c < hi[i]) ? s[i][j] * scale : NEG_INF;
+                tmax = fmaxf(tmax, s[i][j]);
+            }
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, o));  // 16 lanes
+            const float m_new = fmaxf(m[i], tmax);
+            float alpha = 1.0f, p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (m_new != NEG_INF) {  // else no key of this row yet: acc and l stay 0
+                alpha = expf(m[i] - m_new);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) p[j] = expf(s[i][j] - m_new);
+            }
+            l[i] = l[i] * alpha + ((p[0] + p[1]) + (p[2] + p[3]));  // this thread's keys; summed over tx at the end
+#pragma unroll
+            for (int e = 0; e < NJ * 4; ++e) acc[i][e] *= alpha;
+            m[i] = m_new;
+            *(float4*)(sP + (ty * 4 + i) * PS + tx * 4) = make_float4(p[0], p[1], p[2], p[3]);
+        }
+        __syncthreads();
+
+#pragma unroll 2
+        for (int k = 0; k < BK; k += 4) {
+            float pr[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const float4 a = *(const float4*)(sP + (ty * 4 + i) * PS + k);
+                pr[i][0] = a.x; pr[i][1] = a.y; pr[i][2] = a.z; pr[i][3] = a.w;
+            }
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                for (int jj = 0; jj < NJ; ++jj) {
+                    const float4 vv = *(const float4*)(sV + (k + kk) * D + jj * 64 + tx * 4);
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) {
+                        acc[i][jj * 4 + 0] = fmaf(pr[i][kk], vv.x, acc[i][jj * 4 + 0]);
+                        acc[i][jj * 4 + 1] = fmaf(pr[i][kk], vv.y, acc[i][jj * 4 + 1]);
+                        acc[i][jj * 4 + 2] = fmaf(pr[i][kk], vv.z, acc[i][jj * 4 + 2]);
+                        acc[i][jj * 4 + 3] = fmaf(pr[i][kk], vv.w, acc[i][jj * 4 + 3]);
+                    }
+                }
+        }
+    }
+
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float ls = l[i];
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
+        const int gr = r0 + ty * 4 + i;
+        if (gr < n_rows) {
+            float* orow = out + ((size_t)(gr / G) * n_head + hk * G + gr % G) * D;
+#pragma unroll
+            for (int jj = 0; jj < NJ; ++jj) {
+                float4 a;
+                a.x = ls > 0.0f ? acc[i][jj * 4 + 0] / ls : 0.0f;
+                a.y = ls > 0.0f ? acc[i][jj * 4 + 1] / ls : 0.0f;
+                a.z = ls > 0.0f ? acc[i][jj * 4 + 2] / ls : 0.0f;
+                a.w = ls > 0.0f ? acc[i][jj * 4 + 3] / ls : 0.0f;
+                *(float4*)(orow + jj * 64 + tx * 4) = a;
+            }
+        }
+    }
+}
+
+#define ATTP_ENTRY(D, MINB)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(ATTP_THREADS, MINB) attn_prefill_d##D(                        \
+        const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,                      \
+        const i32* __restrict__ pos, float* __restrict__ out, int n_tok, int n_head, int n_head_kv, int code_k, \
+        int code_v, int rbk, int rbv, int n_kv, float scale, int n_swa, int indirect) {                         \
+        if (indirect) {                                                                                         \
+            kc = *(const u8* const*)kc;                                                                         \
+            vc = *(const u8* const*)vc;                                                                         \
+        }                                                                                                       \
+        attn_prefill_body<D>(q, kc, vc, pos, out, n_tok, n_head, n_head_kv, code_k, code_v, rbk, rbv, n_kv,     \
+                             scale, n_swa);                                                                     \
+    }
+#define ATTP_ENTRY_X(D, MINB) ATTP_ENTRY(D, MINB)
+ATTP_ENTRY_X(ATTP_D, (ATTP_D <= 128 ? 2 : 1))
+#endif

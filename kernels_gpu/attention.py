@@ -1,7 +1,8 @@
 """Launcher of attention.cu: causal (and sliding-window) attention over a GpuKVCacheLayer, flash style.
 
 The keys are split across CTAs when (tokens x kv heads) alone would leave the GPU idle (decode), and the splits'
-partial softmax states are merged by attn_combine (flash-decoding).
+partial softmax states are merged by attn_combine (flash-decoding). Batches of PREFILL_MIN_TOK tokens or more
+go to attn_prefill_d* (64-row query tiles x 64-key tiles in shared memory) when head_dim allows it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,23 @@ ATT_THREADS = 128  # 4 warps (ATT_WARPS in attention.cu)
 ATT_E = (1, 2, 3, 4, 6, 8)  # head_dim / 32 values with a compiled kernel
 TARGET_CTAS = 1024  # enough CTAs to fill 132 SMs several times
 MIN_CHUNK = 64  # keys per split at least
+PREFILL_MIN_TOK = 16  # batches this large (and not dynamic) take the tiled prefill kernel; 0 turns it off
+ATTP_THREADS = 256  # attn_prefill_d*: 16 x 16 threads
+ATTP_BQ = ATTP_BK = 64  # query rows and keys a tile (ATTP_BQ, ATTP_BK in attention.cu)
+ATTP_D = (64, 128, 192, 256)  # head_dim values of the prefill kernel
+
+
+def prefill_smem_bytes(d: int) -> int:
+    """Dynamic shared memory of attn_prefill_d{d}: Q tile, K tile (or P), V tile, float32."""
+    return 4 * (d * ATTP_BQ + max(d * ATTP_BK, ATTP_BQ * (ATTP_BK + 4)) + ATTP_BK * d)
+
+
+def _prefill_kernel(d: int):
+    fn = get_kernel("attention", f"attn_prefill_d{d}", (("ATTP_D", d),))
+    smem = prefill_smem_bytes(d)
+    if fn.max_dynamic_shared_size_bytes < smem:  # past 48 KiB needs the opt-in attribute
+        fn.max_dynamic_shared_size_bytes = smem
+    return fn, smem
 
 
 def _heads_per_cta(group: int, e: int) -> int:
@@ -27,14 +45,16 @@ def _heads_per_cta(group: int, e: int) -> int:
 
 def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_swa: int = 0, out=None,
               target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK, dynamic: bool = False,
-              slots: tuple[int, int] | None = None):
+              slots: tuple[int, int] | None = None, prefill: bool | None = None):
     """q (n_tok, n_head, head_dim) f32 (cupy) at positions (cupy int32 (n_tok,)) over cache cells [0, n_kv)
     -> (n_tok, n_head, head_dim) f32: softmax(scale q.k) v with causal and sliding-window (n_swa > 0) masks.
     The batch's own K/V must be stored first. head_dim_k must equal head_dim_v (a multiple of 32, <= 256).
     target_ctas / min_chunk steer the split of the keys across CTAs (tuning knobs).
     dynamic=True: the launch geometry depends on n_kv (pass the cache size) and not on the positions, whose
     values the kernel reads from the device to size its key chunks (ascending positions): one CUDA graph
-    captured with it is right for every position. slots: as kv_cache.kv_store's (the cache read through them)."""
+    captured with it is right for every position. slots: as kv_cache.kv_store's (the cache read through them).
+    prefill: True / False force the tiled prefill kernel / the flash-decoding kernel; None picks the prefill
+    kernel for n_tok >= PREFILL_MIN_TOK (not dynamic, head_dim in ATTP_D)."""
     import cupy  # noqa: PLC0415
 
     if not isinstance(q, cupy.ndarray) or q.dtype != cupy.float32 or q.ndim != 3:
@@ -54,6 +74,21 @@ def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_s
         out = cupy.empty((n_tok, n_head, d), dtype=cupy.float32)
     if n_tok == 0:
         return out
+    i32 = np.int32
+    kc, vc = (layer.k, layer.v) if slots is None else (np.uint64(slots[0]), np.uint64(slots[1]))
+    if prefill is None:
+        prefill = 0 < PREFILL_MIN_TOK <= n_tok and not dynamic and d in ATTP_D
+    elif prefill and d not in ATTP_D:
+        raise ValueError(f"attention: the prefill kernel needs head_dim in {ATTP_D}, found {d}")
+    if prefill:
+        fn, smem = _prefill_kernel(d)
+        group = n_head // n_head_kv
+        n_tiles = -(-(n_tok * group) // ATTP_BQ)
+        fn((n_tiles, n_head_kv), (ATTP_THREADS,),
+           (q, kc, vc, positions, out, i32(n_tok), i32(n_head), i32(n_head_kv), i32(kv_type_code(layer.type_k)),
+            i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]), i32(layer.v.shape[2]), i32(n_kv),
+            np.float32(scale), i32(n_swa), i32(slots is not None)), shared_mem=smem)
+        return out
     e = d // 32
     group = n_head // n_head_kv
     hpc = _heads_per_cta(group, e)
@@ -71,8 +106,6 @@ def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_s
         part_acc = cupy.empty((n_tok * n_head * n_splits * d,), dtype=cupy.float32)
     else:
         part_ms = part_acc = np.uint64(0)
-    i32 = np.int32
-    kc, vc = (layer.k, layer.v) if slots is None else (np.uint64(slots[0]), np.uint64(slots[1]))
     fn = get_kernel("attention", f"attn_e{e}_h{hpc}", (("ATT_E", e), ("ATT_HPC", hpc)))
     fn((n_splits, n_head_kv * gpk, n_tok), (ATT_THREADS,),
        (q, kc, vc, positions, out, part_ms, part_acc, i32(n_head), i32(n_head_kv),

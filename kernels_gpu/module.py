@@ -67,7 +67,8 @@ def get_kernel(module: str, kernel: str, defines: tuple[tuple[str, int], ...] = 
 
 # variants compiled by compile_all() besides each module's default build (attention: one kernel per variant)
 CHECK_VARIANTS: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {
-    "attention": ((("ATT_E", 4), ("ATT_HPC", 4)), (("ATT_E", 8), ("ATT_HPC", 4)), (("ATT_E", 3), ("ATT_HPC", 8))),
+    "attention": ((("ATT_E", 4), ("ATT_HPC", 4)), (("ATT_E", 8), ("ATT_HPC", 4)), (("ATT_E", 3), ("ATT_HPC", 8)),
+                  (("ATTP_D", 128),), (("ATTP_D", 256),)),
 }
 
 

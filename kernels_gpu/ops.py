@@ -8,6 +8,7 @@ from .module import get_kernel
 
 ROPE_MODES = {"norm": 0, "neox": 1}
 GLU_ACTS = {"silu": 0, "gelu": 1}
+GLU_VEC_MIN = 1 << 16  # glu of this many values or more (a multiple of 4) runs glu_f32x4; 0 turns it off
 
 
 def _f32(name: str, x, ndim: int | None = None):
@@ -99,8 +100,9 @@ def _grid(n: int) -> tuple[int]:
     return (max(1, min((n + 255) // 256, 132 * 16)),)
 
 
-def glu(gate, up, act: str = "silu", out=None):
-    """act(gate) * up, f32, any shape (gate and up alike); act "silu" or "gelu" (tanh approximation)."""
+def glu(gate, up, act: str = "silu", out=None, vec: bool | None = None):
+    """act(gate) * up, f32, any shape (gate and up alike); act "silu" or "gelu" (tanh approximation).
+    vec: True / False force glu_f32x4 / glu_f32 (same results); None picks glu_f32x4 from GLU_VEC_MIN values."""
     import cupy  # noqa: PLC0415
 
     if act not in GLU_ACTS:
@@ -109,7 +111,14 @@ def glu(gate, up, act: str = "silu", out=None):
     if gate.shape != up.shape:
         raise ValueError(f"glu: gate and up must have one shape, found {gate.shape} and {up.shape}")
     out = cupy.empty_like(gate) if out is None else out
-    if gate.size:
+    n = gate.size
+    if vec is None:
+        vec = 0 < GLU_VEC_MIN <= n
+    if vec and n % 4 == 0 and all(a.data.ptr % 16 == 0 for a in (gate, up, out)) and out.flags.c_contiguous:
+        n4 = n // 4
+        get_kernel("ops", "glu_f32x4")(((n4 + 255) // 256,), (256,), (gate, up, out, np.int64(n4),
+                                                                     np.int32(GLU_ACTS[act])))
+    elif n:
         get_kernel("ops", "glu_f32")(_grid(gate.size), (256,), (gate, up, out, np.int64(gate.size),
                                                                 np.int32(GLU_ACTS[act])))
     return out

@@ -407,6 +407,67 @@ def test_attention_odd_groups_and_dims(hd, n_head, n_head_kv):
         assert _attention_case("f16", "q8_0", hd, n_head, n_head_kv, pos, n_swa, rng) < NMSE_ATTN
 
 
+def _prefill_case(type_k, type_v, hd, n_head, n_head_kv, pos, n_swa, rng, prefill):
+    """(nmse of the forced kernel vs float64, its output) on a cache filled over [0, max(pos) + 8)."""
+    n_ctx = int(pos.max()) + 8
+    layer = alloc_kv_layer(n_ctx, n_head_kv, hd, hd, type_k, type_v)
+    k = rng.standard_normal((n_ctx, n_head_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_ctx, n_head_kv, hd)).astype(np.float32)
+    kv_store(layer, cupy.arange(n_ctx, dtype=cupy.int32), cupy.asarray(k), cupy.asarray(v))
+    q = rng.standard_normal((len(pos), n_head, hd)).astype(np.float32)
+    scale = 1.0 / np.sqrt(hd)
+    out = cupy.full((len(pos), n_head, hd), np.nan, dtype=cupy.float32)
+    y = attention(cupy.asarray(q), layer, cupy.asarray(pos), int(pos.max()) + 1, scale, n_swa, out=out,
+                  prefill=prefill).get()
+    ref = ref_attention(q, _ref_rows(layer.k.get(), type_k, hd), _ref_rows(layer.v.get(), type_v, hd), pos,
+                        scale, n_swa)
+    assert np.isfinite(y).all()
+    return nmse(y, ref)
+
+
+@pytest.mark.parametrize("type_k,type_v", KV_PAIRS)
+@pytest.mark.parametrize("hd", [64, 128, 192, 256])
+@pytest.mark.parametrize("n_head,n_head_kv", [(8, 2), (4, 2), (7, 1), (6, 6)])
+def test_attention_prefill_kernel(type_k, type_v, hd, n_head, n_head_kv):
+    """The tiled prefill kernel (forced) vs float64: from position 0, after a prefix, windows, odd row counts."""
+    rng = np.random.default_rng(hd * 7 + n_head)
+    cases = ((np.arange(0, 16, dtype=np.int32), 0), (np.arange(37, 137, dtype=np.int32), 0),
+             (np.arange(37, 137, dtype=np.int32), 50), (np.arange(3, 20, dtype=np.int32), 5),
+             (np.array([0, 1, 5, 9, 64, 65, 66, 130], dtype=np.int32), 0))  # gaps: tiles with unseen keys
+    for pos, n_swa in cases:
+        err = _prefill_case(type_k, type_v, hd, n_head, n_head_kv, pos, n_swa, rng, True)
+        assert err < NMSE_ATTN, (type_k, type_v, hd, pos[0], len(pos), n_swa, err)
+
+
+def test_attention_prefill_is_auto_above_threshold():
+    from kernels_gpu import attention as att
+
+    rng = np.random.default_rng(3)
+    pos = np.arange(10, 10 + att.PREFILL_MIN_TOK, dtype=np.int32)
+    layer = alloc_kv_layer(64, 2, 128, 128, "f16", "f16")
+    kv_store(layer, cupy.arange(64, dtype=cupy.int32), cupy.asarray(rng.standard_normal((64, 2, 128)), cupy.float32),
+             cupy.asarray(rng.standard_normal((64, 2, 128)), cupy.float32))
+    q = cupy.asarray(rng.standard_normal((len(pos), 8, 128)), cupy.float32)
+    p = cupy.asarray(pos)
+    auto = attention(q, layer, p, 64, 0.1).get()
+    new = attention(q, layer, p, 64, 0.1, prefill=True).get()
+    old = attention(q, layer, p, 64, 0.1, prefill=False).get()
+    np.testing.assert_array_equal(auto, new)
+    assert nmse(new, old) < 1e-12
+    with pytest.raises(ValueError, match="prefill kernel"):
+        attention(cupy.zeros((16, 4, 96), cupy.float32), alloc_kv_layer(32, 2, 96), p, 32, 0.1, prefill=True)
+
+
+@pytest.mark.parametrize("act", ["silu", "gelu"])
+def test_glu_vectorized_matches(act):
+    rng = np.random.default_rng(4)
+    g = cupy.asarray((rng.standard_normal((33, 4096)) * 3).astype(np.float32))
+    u = cupy.asarray(rng.standard_normal((33, 4096)).astype(np.float32))
+    a = ops.glu(g, u, act, vec=True).get()
+    b = ops.glu(g, u, act, vec=False).get()
+    np.testing.assert_array_equal(a, b)
+
+
 # ---------------------------------------------------------------- GpuBackend vs CpuBackend
 
 @pytest.fixture(scope="module")
