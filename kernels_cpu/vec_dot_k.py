@@ -18,6 +18,8 @@ from numba import njit, prange
 from kernels_cpu.simd import (abs_i8, add_i32, addc_i8, and_i8, cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32,
                               load_nib16, load_u32, lut16_i8, madd, maddubs, or_i8, prefetch, shl_i8, shr_i8,
                               sign_i8, splat2_i16, splat_i16, store_scaled, zero_f32, zero_i32)
+from kernels_cpu.simd_k import (K4_SCALE_SHUF, K6_SCALE_SHUF, maddubs_32, mins_dot, scales_from_u64, scales_i8x8,
+                                shuffle_scales, sub_i16)
 from kernels_cpu.vec_dot_legacy import KVALUES_IQ4NL
 
 QK_K = 256
@@ -216,28 +218,22 @@ def dot2_q4_k(w, wo, rb, xq, xd, bsums, nb):
         o, xb, dx = wo + i * 144, i * QK_K, xd[i]
         sc0, mn0 = scales_mins_k4(w, o)
         sc1, mn1 = scales_mins_k4(w, o + rb)
+        v0, v1 = scales_from_u64(sc0), scales_from_u64(sc1)  # the 8 scales in a register, shuffled per sub-block
         s0, s1 = zero_i32(), zero_i32()
-        i0, i1 = 0, 0
         for j in range(4):  # sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
             prefetch(w, wo + 2 * i * 144 + PREFETCH_BYTES + 128 * j)
             prefetch(w, wo + 2 * i * 144 + PREFETCH_BYTES + 128 * j + 64)
             xl, xh = load_i8x32(xq, xb + 64 * j), load_i8x32(xq, xb + 64 * j + 32)
-            b0 = np.int32(bsums[16 * i + 4 * j]) + np.int32(bsums[16 * i + 4 * j + 1])
-            b1 = np.int32(bsums[16 * i + 4 * j + 2]) + np.int32(bsums[16 * i + 4 * j + 3])
             q = load_i8x32(w, o + 16 + 32 * j)
-            lo, hi = and_i8(q, 15), shr_i8(q, 4)
-            s0 = add_i32(s0, madd(maddubs(lo, xl), splat_i16((sc0 >> (16 * j)) & 255)))
-            s0 = add_i32(s0, madd(maddubs(hi, xh), splat_i16((sc0 >> (16 * j + 8)) & 255)))
-            i0 += ((mn0 >> (16 * j)) & 255) * b0 + ((mn0 >> (16 * j + 8)) & 255) * b1
+            s0 = add_i32(s0, madd(maddubs(and_i8(q, 15), xl), shuffle_scales(v0, K4_SCALE_SHUF, 2 * j)))
+            s0 = add_i32(s0, madd(maddubs(shr_i8(q, 4), xh), shuffle_scales(v0, K4_SCALE_SHUF, 2 * j + 1)))
             q = load_i8x32(w, o + rb + 16 + 32 * j)
-            lo, hi = and_i8(q, 15), shr_i8(q, 4)
-            s1 = add_i32(s1, madd(maddubs(lo, xl), splat_i16((sc1 >> (16 * j)) & 255)))
-            s1 = add_i32(s1, madd(maddubs(hi, xh), splat_i16((sc1 >> (16 * j + 8)) & 255)))
-            i1 += ((mn1 >> (16 * j)) & 255) * b0 + ((mn1 >> (16 * j + 8)) & 255) * b1
+            s1 = add_i32(s1, madd(maddubs(and_i8(q, 15), xl), shuffle_scales(v1, K4_SCALE_SHUF, 2 * j)))
+            s1 = add_i32(s1, madd(maddubs(shr_i8(q, 4), xh), shuffle_scales(v1, K4_SCALE_SHUF, 2 * j + 1)))
         a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o) * dx)
         a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb) * dx)
-        m0 += load_f16(w, o + 2) * dx * np.float32(i0)
-        m1 += load_f16(w, o + rb + 2) * dx * np.float32(i1)
+        m0 += load_f16(w, o + 2) * dx * np.float32(mins_dot(mn0, bsums, 16 * i))
+        m1 += load_f16(w, o + rb + 2) * dx * np.float32(mins_dot(mn1, bsums, 16 * i))
     return hsum_f32(a0) - m0, hsum_f32(a1) - m1
 
 
@@ -249,53 +245,44 @@ def dot2_q5_k(w, wo, rb, xq, xd, bsums, nb):
         o, xb, dx = wo + i * 176, i * QK_K, xd[i]
         sc0, mn0 = scales_mins_k4(w, o)
         sc1, mn1 = scales_mins_k4(w, o + rb)
+        v0, v1 = scales_from_u64(sc0), scales_from_u64(sc1)
         s0, s1 = zero_i32(), zero_i32()
-        i0, i1 = 0, 0
         for j in range(4):  # sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
             prefetch(w, wo + 2 * i * 176 + PREFETCH_BYTES + 128 * j)
             prefetch(w, wo + 2 * i * 176 + PREFETCH_BYTES + 128 * j + 64)
             xl, xh = load_i8x32(xq, xb + 64 * j), load_i8x32(xq, xb + 64 * j + 32)
-            b0 = np.int32(bsums[16 * i + 4 * j]) + np.int32(bsums[16 * i + 4 * j + 1])
-            b1 = np.int32(bsums[16 * i + 4 * j + 2]) + np.int32(bsums[16 * i + 4 * j + 3])
             q, qh = load_i8x32(w, o + 48 + 32 * j), load_i8x32(w, o + 16)
             lo = or_i8(and_i8(q, 15), shl_i8(and_i8(shr_i8(qh, 2 * j), 1), 4))
             hi = or_i8(shr_i8(q, 4), shl_i8(and_i8(shr_i8(qh, 2 * j + 1), 1), 4))
-            s0 = add_i32(s0, madd(maddubs(lo, xl), splat_i16((sc0 >> (16 * j)) & 255)))
-            s0 = add_i32(s0, madd(maddubs(hi, xh), splat_i16((sc0 >> (16 * j + 8)) & 255)))
-            i0 += ((mn0 >> (16 * j)) & 255) * b0 + ((mn0 >> (16 * j + 8)) & 255) * b1
+            s0 = add_i32(s0, madd(maddubs(lo, xl), shuffle_scales(v0, K4_SCALE_SHUF, 2 * j)))
+            s0 = add_i32(s0, madd(maddubs(hi, xh), shuffle_scales(v0, K4_SCALE_SHUF, 2 * j + 1)))
             q, qh = load_i8x32(w, o + rb + 48 + 32 * j), load_i8x32(w, o + rb + 16)
             lo = or_i8(and_i8(q, 15), shl_i8(and_i8(shr_i8(qh, 2 * j), 1), 4))
             hi = or_i8(shr_i8(q, 4), shl_i8(and_i8(shr_i8(qh, 2 * j + 1), 1), 4))
-            s1 = add_i32(s1, madd(maddubs(lo, xl), splat_i16((sc1 >> (16 * j)) & 255)))
-            s1 = add_i32(s1, madd(maddubs(hi, xh), splat_i16((sc1 >> (16 * j + 8)) & 255)))
-            i1 += ((mn1 >> (16 * j)) & 255) * b0 + ((mn1 >> (16 * j + 8)) & 255) * b1
+            s1 = add_i32(s1, madd(maddubs(lo, xl), shuffle_scales(v1, K4_SCALE_SHUF, 2 * j)))
+            s1 = add_i32(s1, madd(maddubs(hi, xh), shuffle_scales(v1, K4_SCALE_SHUF, 2 * j + 1)))
         a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o) * dx)
         a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb) * dx)
-        m0 += load_f16(w, o + 2) * dx * np.float32(i0)
-        m1 += load_f16(w, o + rb + 2) * dx * np.float32(i1)
+        m0 += load_f16(w, o + 2) * dx * np.float32(mins_dot(mn0, bsums, 16 * i))
+        m1 += load_f16(w, o + rb + 2) * dx * np.float32(mins_dot(mn1, bsums, 16 * i))
     return hsum_f32(a0) - m0, hsum_f32(a1) - m1
 
 
 @njit(inline="always")
-def sbyte(word, k):
-    """Byte k of word as int8."""
-    return (((word >> (8 * k)) & 255) ^ 128) - 128
-
-
-@njit(inline="always")
-def isum_q6_k_half(w, o, h, x0, x1, x2, x3):
-    """Exact int32 lanes of sum scale * (q - 32) * q8 over elements 128h .. 128h + 127 of the q6_K block at o."""
+def isum_q6_k_half(w, o, h, x0, x1, x2, x3, z0, z1, z2, z3):
+    """Exact int32 lanes of sum scale * (q - 32) * q8 over elements 128h .. 128h + 127 of the q6_K block at o;
+    z_k = maddubs_32(x_k): q stays unsigned (0..63) and 32 x is subtracted after the byte products, as ggml."""
     ql0, ql1 = load_i8x32(w, o + 64 * h), load_i8x32(w, o + 64 * h + 32)
     qh = load_i8x32(w, o + 128 + 32 * h)
-    wa, wb = load_u32(w, o + 192 + 8 * h), load_u32(w, o + 196 + 8 * h)  # int8 scales of sub-blocks 8h..8h+7
-    q = addc_i8(or_i8(and_i8(ql0, 15), shl_i8(and_i8(qh, 3), 4)), -32)
-    acc = madd(maddubs(abs_i8(q), sign_i8(x0, q)), splat2_i16(sbyte(wa, 0), sbyte(wa, 1)))
-    q = addc_i8(or_i8(and_i8(ql1, 15), shl_i8(and_i8(shr_i8(qh, 2), 3), 4)), -32)
-    acc = add_i32(acc, madd(maddubs(abs_i8(q), sign_i8(x1, q)), splat2_i16(sbyte(wa, 2), sbyte(wa, 3))))
-    q = addc_i8(or_i8(shr_i8(ql0, 4), shl_i8(and_i8(shr_i8(qh, 4), 3), 4)), -32)
-    acc = add_i32(acc, madd(maddubs(abs_i8(q), sign_i8(x2, q)), splat2_i16(sbyte(wb, 0), sbyte(wb, 1))))
-    q = addc_i8(or_i8(shr_i8(ql1, 4), shl_i8(shr_i8(qh, 6), 4)), -32)
-    return add_i32(acc, madd(maddubs(abs_i8(q), sign_i8(x3, q)), splat2_i16(sbyte(wb, 2), sbyte(wb, 3))))
+    sv = scales_i8x8(w, o + 192 + 8 * h)  # int8 scales of sub-blocks 8h..8h+7, shuffled per group
+    q = or_i8(and_i8(ql0, 15), shl_i8(and_i8(qh, 3), 4))
+    acc = madd(sub_i16(maddubs(q, x0), z0), shuffle_scales(sv, K6_SCALE_SHUF, 0))
+    q = or_i8(and_i8(ql1, 15), shl_i8(and_i8(shr_i8(qh, 2), 3), 4))
+    acc = add_i32(acc, madd(sub_i16(maddubs(q, x1), z1), shuffle_scales(sv, K6_SCALE_SHUF, 1)))
+    q = or_i8(shr_i8(ql0, 4), shl_i8(and_i8(shr_i8(qh, 4), 3), 4))
+    acc = add_i32(acc, madd(sub_i16(maddubs(q, x2), z2), shuffle_scales(sv, K6_SCALE_SHUF, 2)))
+    q = or_i8(shr_i8(ql1, 4), shl_i8(shr_i8(qh, 6), 4))
+    return add_i32(acc, madd(sub_i16(maddubs(q, x3), z3), shuffle_scales(sv, K6_SCALE_SHUF, 3)))
 
 
 @njit(cache=True, fastmath=True)
@@ -309,8 +296,9 @@ def dot2_q6_k(w, wo, rb, xq, xd, bsums, nb):
                 prefetch(w, wo + 2 * i * 210 + PREFETCH_BYTES + 256 * h + 64 * k)
             x0, x1 = load_i8x32(xq, xb + 128 * h), load_i8x32(xq, xb + 128 * h + 32)
             x2, x3 = load_i8x32(xq, xb + 128 * h + 64), load_i8x32(xq, xb + 128 * h + 96)
-            s0 = add_i32(s0, isum_q6_k_half(w, o, h, x0, x1, x2, x3))
-            s1 = add_i32(s1, isum_q6_k_half(w, o + rb, h, x0, x1, x2, x3))
+            z0, z1, z2, z3 = maddubs_32(x0), maddubs_32(x1), maddubs_32(x2), maddubs_32(x3)  # shared by both rows
+            s0 = add_i32(s0, isum_q6_k_half(w, o, h, x0, x1, x2, x3, z0, z1, z2, z3))
+            s1 = add_i32(s1, isum_q6_k_half(w, o + rb, h, x0, x1, x2, x3, z0, z1, z2, z3))
         a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o + 208) * dx)
         a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb + 208) * dx)
     return hsum_f32(a0), hsum_f32(a1)

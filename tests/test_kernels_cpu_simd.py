@@ -212,3 +212,82 @@ def test_gemm_tile_accumulates(ops, k_len):
     w6 = w.reshape(6, ldw)[:, :k_len].astype(np.float64)
     ref = c0.reshape(6, 16) + w6 @ xp.reshape(k_len, 16).astype(np.float64)
     assert np.allclose(c.reshape(6, 16), ref, rtol=1e-5, atol=1e-4)
+
+
+# ---------------------------------------------------------------- simd_k: the K-quant scale intrinsics
+
+@pytest.fixture(params=PATHS)
+def kops(request):
+    simd.FORCE_GENERIC[0] = request.param == "generic"
+    try:
+        yield _compile_kops()
+    finally:
+        simd.FORCE_GENERIC[0] = False
+
+
+def _compile_kops():
+    from kernels_cpu import simd_k as k
+
+    s = simd
+
+    @njit
+    def shuffles(words, table, out):  # out (n_words, n_rows, 16) int16
+        for i in range(words.shape[0]):
+            v = k.scales_from_u64(words[i])
+            for r in range(table.shape[0]):
+                s.store_i16x16(out[i, r], 0, k.shuffle_scales(v, table, r))
+
+    @njit
+    def signed_scales(a, table, out):  # 8 signed bytes per group of a
+        for i in range(a.shape[0] // 8):
+            v = k.scales_i8x8(a, 8 * i)
+            for r in range(table.shape[0]):
+                s.store_i16x16(out[i, r], 0, k.shuffle_scales(v, table, r))
+
+    @njit
+    def mins(words, bsums, out):
+        for i in range(words.shape[0]):
+            out[i] = k.mins_dot(words[i], bsums, 16 * i)
+
+    @njit
+    def q6_dot(q, x, out):  # maddubs(q, x) - maddubs_32(x): (q - 32) . x pairs
+        for i in range(q.shape[0] // 32):
+            xv = s.load_i8x32(x, 32 * i)
+            s.store_i16x16(out, 16 * i, k.sub_i16(s.maddubs(s.load_i8x32(q, 32 * i), xv), k.maddubs_32(xv)))
+
+    return shuffles, signed_scales, mins, q6_dot
+
+
+def test_k_scale_shuffles_mins_and_q6_offsets(kops):
+    from kernels_cpu import simd_k as k
+
+    shuffles, signed_scales, mins, q6_dot = kops
+    rng = np.random.default_rng(5)
+    words = rng.integers(0, 1 << 63, 40, dtype=np.int64)
+    words[0] = -1  # every byte 255
+    out = np.zeros((40, 8, 16), np.int16)
+    shuffles(words, k.K4_SCALE_SHUF, out)
+    b = words.view(np.uint8).reshape(40, 8).astype(np.int16)  # little-endian bytes, unsigned
+    np.testing.assert_array_equal(out, np.repeat(b[:, :, None], 16, axis=2))  # sub-block m: scale m everywhere
+
+    a = rng.integers(-128, 128, 8 * 30, dtype=np.int64).astype(np.int8)
+    out6 = np.zeros((30, 4, 16), np.int16)
+    signed_scales(a, k.K6_SCALE_SHUF, out6)
+    sc = a.reshape(30, 8).astype(np.int16)
+    want = np.concatenate([np.repeat(sc[:, 0::2, None], 8, axis=2), np.repeat(sc[:, 1::2, None], 8, axis=2)], axis=2)
+    np.testing.assert_array_equal(out6, want)  # group g: scale 2g (first 16 values), 2g + 1 (last 16)
+
+    bsums = rng.integers(-2032, 2033, 16 * 40).astype(np.int16)
+    got = np.zeros(40, np.int64)
+    mins(words, bsums, got)
+    pairs = bsums.astype(np.int64).reshape(40, 8, 2).sum(axis=2)
+    np.testing.assert_array_equal(got, (b.astype(np.int64) * pairs).sum(axis=1))
+
+    q = rng.integers(0, 64, 32 * 20).astype(np.uint8)
+    q[:32] = 63
+    x = rng.integers(-127, 128, 32 * 20).astype(np.int8)
+    x[:32] = -127  # the extreme pair sums stay exact
+    got16 = np.zeros(16 * 20, np.int16)
+    q6_dot(q, x, got16)
+    prod = (q.astype(np.int64) - 32) * x.astype(np.int64)
+    np.testing.assert_array_equal(got16, prod.reshape(-1, 2).sum(axis=1))
