@@ -13,7 +13,8 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from kernels_cpu.simd import I8x32, I16x16, _maddubs, has_avx2, ir_call, ir_const_vec, ir_ptr, ir_shuffle
+from kernels_cpu.simd import I8x32, I16x16, has_avx2, ir_call, ir_const_vec, ir_ptr, ir_shuffle
+from kernels_cpu.simd_int import _maddubs
 
 _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
 _V8x32 = ir.VectorType(_I8, 32)

@@ -15,9 +15,10 @@ Weight offsets are linear byte offsets into the C-contiguous (n_out, row_bytes) 
 import numpy as np
 from numba import njit, prange
 
-from kernels_cpu.simd import (abs_i8, add_i32, addc_i8, and_i8, cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32,
-                              load_nib16, load_u32, lut16_i8, madd, maddubs, or_i8, prefetch, shl_i8, shr_i8,
-                              sign_i8, splat2_i16, splat_i16, store_scaled, zero_f32, zero_i32)
+from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32, load_nib16, load_u32, prefetch,
+                              store_scaled, zero_f32)
+from kernels_cpu.simd_int import (abs_i8, add_i32, addc_i8, and_i8, lut16_i8, madd, maddubs, or_i8, shl_i8, shr_i8,
+                                  sign_i8, splat2_i16, splat_i16, zero_i32)
 from kernels_cpu.simd_k import (K4_SCALE_SHUF, K6_SCALE_SHUF, maddubs_32, mins_dot, scales_from_u64, scales_i8x8,
                                 shuffle_scales, sub_i16)
 from kernels_cpu.vec_dot_legacy import KVALUES_IQ4NL

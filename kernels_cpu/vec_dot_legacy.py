@@ -13,8 +13,9 @@ Activations: xq int8 (n_tok, n_in), xd float32 (n_tok, n_in/32); the driver adds
 import numpy as np
 from numba import njit, prange
 
-from kernels_cpu.simd import (abs_i8, addc_i8, cvt_f32, dot_u8i8, fma_f32, hsum_f32, load_bits32, load_f16,
-                              load_i8x32, load_nib16, lut16_i8, or_i8, prefetch, sign_i8, store_scaled, zero_f32)
+from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_bits32, load_f16, load_i8x32, load_nib16, prefetch,
+                              store_scaled, zero_f32)
+from kernels_cpu.simd_int import abs_i8, addc_i8, dot_u8i8, lut16_i8, or_i8, sign_i8
 
 QK = 32
 PREFETCH_BYTES = 2048

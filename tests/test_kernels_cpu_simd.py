@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from kernels_cpu import gemm_f32, simd
+from kernels_cpu import gemm_f32, simd, simd_int
 
 PATHS = ["host", "generic"]
 
@@ -21,39 +21,39 @@ def ops(request):
 
 
 def _compile_ops():
-    s = simd
+    s, si = simd, simd_int
 
     @njit
     def maddubs(u, v, out):
         for i in range(u.shape[0] // 32):
-            s.store_i16x16(out, 16 * i, s.maddubs(s.load_i8x32(u, 32 * i), s.load_i8x32(v, 32 * i)))
+            s.store_i16x16(out, 16 * i, si.maddubs(s.load_i8x32(u, 32 * i), s.load_i8x32(v, 32 * i)))
 
     @njit
     def madd(a, b, out):
         for i in range(a.shape[0] // 16):
-            s.store_i32x8(out, 8 * i, s.madd(s.load_i16x16(a, 16 * i), s.load_i16x16(b, 16 * i)))
+            s.store_i32x8(out, 8 * i, si.madd(s.load_i16x16(a, 16 * i), s.load_i16x16(b, 16 * i)))
 
     @njit
     def dot_signed(w, x, out):
         for i in range(w.shape[0] // 32):
             q, xv = s.load_i8x32(w, 32 * i), s.load_i8x32(x, 32 * i)
-            out[i] = s.hsum_i32(s.dot_u8i8(s.abs_i8(q), s.sign_i8(xv, q)))
+            out[i] = si.hsum_i32(si.dot_u8i8(si.abs_i8(q), si.sign_i8(xv, q)))
 
     @njit
     def sign_abs(w, x, out_sign, out_abs):
         for i in range(w.shape[0] // 32):
             q, xv = s.load_i8x32(w, 32 * i), s.load_i8x32(x, 32 * i)
-            s.store_i8x32(out_sign, 32 * i, s.sign_i8(xv, q))
-            s.store_i8x32(out_abs, 32 * i, s.abs_i8(q))
+            s.store_i8x32(out_sign, 32 * i, si.sign_i8(xv, q))
+            s.store_i8x32(out_abs, 32 * i, si.abs_i8(q))
 
     @njit
     def unpack(a, table, out_nib, out_bits, out_lut, out_shift):
         for i in range(a.shape[0] // 32):
             s.store_i8x32(out_nib, 32 * i, s.load_nib16(a, 32 * i))
             s.store_i8x32(out_bits, 32 * i, s.load_bits32(a, 32 * i, 16))
-            s.store_i8x32(out_lut, 32 * i, s.lut16_i8(s.load_nib16(a, 32 * i), table, 0))
+            s.store_i8x32(out_lut, 32 * i, si.lut16_i8(s.load_nib16(a, 32 * i), table, 0))
             v = s.load_i8x32(a, 32 * i)
-            s.store_i8x32(out_shift, 32 * i, s.or_i8(s.and_i8(s.shr_i8(v, 3), 5), s.addc_i8(s.shl_i8(v, 2), -7)))
+            s.store_i8x32(out_shift, 32 * i, si.or_i8(si.and_i8(si.shr_i8(v, 3), 5), si.addc_i8(si.shl_i8(v, 2), -7)))
 
     @njit
     def f16(a, out):
@@ -228,7 +228,7 @@ def kops(request):
 def _compile_kops():
     from kernels_cpu import simd_k as k
 
-    s = simd
+    s, si = simd, simd_int
 
     @njit
     def shuffles(words, table, out):  # out (n_words, n_rows, 16) int16
@@ -253,7 +253,7 @@ def _compile_kops():
     def q6_dot(q, x, out):  # maddubs(q, x) - maddubs_32(x): (q - 32) . x pairs
         for i in range(q.shape[0] // 32):
             xv = s.load_i8x32(x, 32 * i)
-            s.store_i16x16(out, 16 * i, k.sub_i16(s.maddubs(s.load_i8x32(q, 32 * i), xv), k.maddubs_32(xv)))
+            s.store_i16x16(out, 16 * i, k.sub_i16(si.maddubs(s.load_i8x32(q, 32 * i), xv), k.maddubs_32(xv)))
 
     return shuffles, signed_scales, mins, q6_dot
 
