@@ -1,6 +1,6 @@
-"""Vector intrinsics for the K-quant super-block scales (vec_dot_k): scales kept in a vector register and
-broadcast per sub-block by a byte shuffle, and the Q4_K/Q5_K min term as one multiply-add, as ggml's AVX2
-kernels do, instead of extracting, shifting and broadcasting each scale as a scalar.
+"""Vector intrinsics for the K-quant super-blocks (vec_dot_k): scales kept in a vector register and broadcast
+per sub-block by a byte shuffle, as ggml's AVX2 kernels do, instead of extracting, shifting and broadcasting each
+scale as a scalar; and Q6_K's 32 * x term, to dot unsigned 6-bit codes.
 
 `shuffle_scales(v, table, row)` is vpshufb on AVX2 (generic IR elsewhere); the tables say which int16 lane each
 output lane takes (within its 128-bit half, as vpshufb).
@@ -91,27 +91,6 @@ def shuffle_scales(typingctx, v, table, row):
                 out = builder.insert_element(out, builder.extract_element(src, src_j), ir.Constant(_I32, j))
         return builder.bitcast(out, _V16x16)
     return I16x16(v, table, row), codegen
-
-
-@intrinsic
-def mins_dot(typingctx, mins, bsums, off):
-    """sum_k byte k of `mins` (unsigned) * (bsums[off + 2k] + bsums[off + 2k + 1]), k = 0..7, as int64: the
-    Q4_K/Q5_K min term of one super-block (bsums: the Q8_K activation sums of 16 values, int16)."""
-    if not (isinstance(mins, types.Integer) and isinstance(bsums, types.Array) and bsums.dtype == types.int16
-            and isinstance(off, types.Integer)):
-        return None
-
-    def codegen(context, builder, sig, args):
-        v32 = ir.VectorType(_I32, 8)
-        m = builder.zext(builder.bitcast(context.cast(builder, args[0], sig.args[0], types.uint64),
-                                         ir.VectorType(_I8, 8)), v32)
-        off64 = context.cast(builder, args[2], sig.args[2], types.intp)
-        b = builder.load(ir_ptr(context, builder, sig.args[1], args[1], off64, _V16x16), align=2)
-        pairs = builder.add(builder.sext(ir_shuffle(builder, b, b, range(0, 16, 2)), v32),
-                            builder.sext(ir_shuffle(builder, b, b, range(1, 16, 2)), v32))
-        s = ir_call(builder, "llvm.vector.reduce.add.v8i32", _I32, [builder.mul(m, pairs)])
-        return builder.sext(s, _I64)
-    return types.int64(mins, bsums, off), codegen
 
 
 @intrinsic

@@ -19,8 +19,8 @@ from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32, 
                               store_scaled, zero_f32)
 from kernels_cpu.simd_int import (abs_i8, add_i32, addc_i8, and_i8, lut16_i8, madd, maddubs, or_i8, shl_i8, shr_i8,
                                   sign_i8, splat2_i16, splat_i16, zero_i32)
-from kernels_cpu.simd_k import (K4_SCALE_SHUF, K6_SCALE_SHUF, maddubs_32, mins_dot, scales_from_u64, scales_i8x8,
-                                shuffle_scales, sub_i16)
+from kernels_cpu.simd_k import (K4_SCALE_SHUF, K6_SCALE_SHUF, maddubs_32, scales_from_u64, scales_i8x8, shuffle_scales,
+                                sub_i16)
 from kernels_cpu.vec_dot_legacy import KVALUES_IQ4NL
 
 QK_K = 256
@@ -222,21 +222,29 @@ def dot2_q4_k(w, wo, rb, xq, xd, bsums, nb):
         sc1, mn1 = scales_mins_k4(w, o + rb)
         v0, v1 = scales_from_u64(sc0), scales_from_u64(sc1)  # the 8 scales in a register, shuffled per sub-block
         s0, s1 = zero_i32(), zero_i32()
+        i0, i1 = 0, 0
         for j in range(4):  # sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
             if j < 3:  # each row's own stream, PREFETCH_BYTES ahead: 3 lines of its 144 bytes
                 prefetch(w, o + PREFETCH_BYTES + 64 * j)
                 prefetch(w, o + rb + PREFETCH_BYTES + 64 * j)
             xl, xh = load_i8x32(xq, xb + 64 * j), load_i8x32(xq, xb + 64 * j + 32)
+            b0 = np.int32(bsums[16 * i + 4 * j]) + np.int32(bsums[16 * i + 4 * j + 1])
+            b1 = np.int32(bsums[16 * i + 4 * j + 2]) + np.int32(bsums[16 * i + 4 * j + 3])
             q = load_i8x32(w, o + 16 + 32 * j)
             s0 = add_i32(s0, madd(maddubs(and_i8(q, 15), xl), shuffle_scales(v0, K4_SCALE_SHUF, 2 * j)))
             s0 = add_i32(s0, madd(maddubs(shr_i8(q, 4), xh), shuffle_scales(v0, K4_SCALE_SHUF, 2 * j + 1)))
+            i0 += ((mn0 >> (16 * j)) & 255) * b0 + ((mn0 >> (16 * j + 8)) & 255) * b1
             q = load_i8x32(w, o + rb + 16 + 32 * j)
             s1 = add_i32(s1, madd(maddubs(and_i8(q, 15), xl), shuffle_scales(v1, K4_SCALE_SHUF, 2 * j)))
             s1 = add_i32(s1, madd(maddubs(shr_i8(q, 4), xh), shuffle_scales(v1, K4_SCALE_SHUF, 2 * j + 1)))
+            i1 += ((mn1 >> (16 * j)) & 255) * b0 + ((mn1 >> (16 * j + 8)) & 255) * b1
         a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o) * dx)
         a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb) * dx)
-        m0 += load_f16(w, o + 2) * dx * np.float32(mins_dot(mn0, bsums, 16 * i))
-        m1 += load_f16(w, o + rb + 2) * dx * np.float32(mins_dot(mn1, bsums, 16 * i))
+        # the min term in scalar integers, in this loop: a vector multiply-add gives the same integer, but LLVM
+        # then contracts the float update below differently (1 ulp), which moved a greedy step of the Gemma
+        # golden test off llama.cpp's top-5
+        m0 += load_f16(w, o + 2) * dx * np.float32(i0)
+        m1 += load_f16(w, o + rb + 2) * dx * np.float32(i1)
     return hsum_f32(a0) - m0, hsum_f32(a1) - m1
 
 
@@ -248,27 +256,31 @@ def dot2_q5_k(w, wo, rb, xq, xd, bsums, nb):
         o, xb, dx = wo + i * 176, i * QK_K, xd[i]
         sc0, mn0 = scales_mins_k4(w, o)
         sc1, mn1 = scales_mins_k4(w, o + rb)
-        v0, v1 = scales_from_u64(sc0), scales_from_u64(sc1)
         s0, s1 = zero_i32(), zero_i32()
+        i0, i1 = 0, 0
         for j in range(4):  # sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
             if j < 3:  # each row's own stream: 3 lines of its 176 bytes
                 prefetch(w, o + PREFETCH_BYTES + 64 * j)
                 prefetch(w, o + rb + PREFETCH_BYTES + 64 * j)
             xl, xh = load_i8x32(xq, xb + 64 * j), load_i8x32(xq, xb + 64 * j + 32)
+            b0 = np.int32(bsums[16 * i + 4 * j]) + np.int32(bsums[16 * i + 4 * j + 1])
+            b1 = np.int32(bsums[16 * i + 4 * j + 2]) + np.int32(bsums[16 * i + 4 * j + 3])
             q, qh = load_i8x32(w, o + 48 + 32 * j), load_i8x32(w, o + 16)
             lo = or_i8(and_i8(q, 15), shl_i8(and_i8(shr_i8(qh, 2 * j), 1), 4))
             hi = or_i8(shr_i8(q, 4), shl_i8(and_i8(shr_i8(qh, 2 * j + 1), 1), 4))
-            s0 = add_i32(s0, madd(maddubs(lo, xl), shuffle_scales(v0, K4_SCALE_SHUF, 2 * j)))
-            s0 = add_i32(s0, madd(maddubs(hi, xh), shuffle_scales(v0, K4_SCALE_SHUF, 2 * j + 1)))
+            s0 = add_i32(s0, madd(maddubs(lo, xl), splat_i16((sc0 >> (16 * j)) & 255)))
+            s0 = add_i32(s0, madd(maddubs(hi, xh), splat_i16((sc0 >> (16 * j + 8)) & 255)))
+            i0 += ((mn0 >> (16 * j)) & 255) * b0 + ((mn0 >> (16 * j + 8)) & 255) * b1
             q, qh = load_i8x32(w, o + rb + 48 + 32 * j), load_i8x32(w, o + rb + 16)
             lo = or_i8(and_i8(q, 15), shl_i8(and_i8(shr_i8(qh, 2 * j), 1), 4))
             hi = or_i8(shr_i8(q, 4), shl_i8(and_i8(shr_i8(qh, 2 * j + 1), 1), 4))
-            s1 = add_i32(s1, madd(maddubs(lo, xl), shuffle_scales(v1, K4_SCALE_SHUF, 2 * j)))
-            s1 = add_i32(s1, madd(maddubs(hi, xh), shuffle_scales(v1, K4_SCALE_SHUF, 2 * j + 1)))
+            s1 = add_i32(s1, madd(maddubs(lo, xl), splat_i16((sc1 >> (16 * j)) & 255)))
+            s1 = add_i32(s1, madd(maddubs(hi, xh), splat_i16((sc1 >> (16 * j + 8)) & 255)))
+            i1 += ((mn1 >> (16 * j)) & 255) * b0 + ((mn1 >> (16 * j + 8)) & 255) * b1
         a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o) * dx)
         a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb) * dx)
-        m0 += load_f16(w, o + 2) * dx * np.float32(mins_dot(mn0, bsums, 16 * i))
-        m1 += load_f16(w, o + rb + 2) * dx * np.float32(mins_dot(mn1, bsums, 16 * i))
+        m0 += load_f16(w, o + 2) * dx * np.float32(i0)
+        m1 += load_f16(w, o + rb + 2) * dx * np.float32(i1)
     return hsum_f32(a0) - m0, hsum_f32(a1) - m1
 
 

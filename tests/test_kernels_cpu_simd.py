@@ -245,23 +245,18 @@ def _compile_kops():
                 s.store_i16x16(out[i, r], 0, k.shuffle_scales(v, table, r))
 
     @njit
-    def mins(words, bsums, out):
-        for i in range(words.shape[0]):
-            out[i] = k.mins_dot(words[i], bsums, 16 * i)
-
-    @njit
     def q6_dot(q, x, out):  # maddubs(q, x) - maddubs_32(x): (q - 32) . x pairs
         for i in range(q.shape[0] // 32):
             xv = s.load_i8x32(x, 32 * i)
             s.store_i16x16(out, 16 * i, k.sub_i16(si.maddubs(s.load_i8x32(q, 32 * i), xv), k.maddubs_32(xv)))
 
-    return shuffles, signed_scales, mins, q6_dot
+    return shuffles, signed_scales, q6_dot
 
 
-def test_k_scale_shuffles_mins_and_q6_offsets(kops):
+def test_k_scale_shuffles_and_q6_offsets(kops):
     from kernels_cpu import simd_k as k
 
-    shuffles, signed_scales, mins, q6_dot = kops
+    shuffles, signed_scales, q6_dot = kops
     rng = np.random.default_rng(5)
     words = rng.integers(0, 1 << 63, 40, dtype=np.int64)
     words[0] = -1  # every byte 255
@@ -276,12 +271,6 @@ def test_k_scale_shuffles_mins_and_q6_offsets(kops):
     sc = a.reshape(30, 8).astype(np.int16)
     want = np.concatenate([np.repeat(sc[:, 0::2, None], 8, axis=2), np.repeat(sc[:, 1::2, None], 8, axis=2)], axis=2)
     np.testing.assert_array_equal(out6, want)  # group g: scale 2g (first 16 values), 2g + 1 (last 16)
-
-    bsums = rng.integers(-2032, 2033, 16 * 40).astype(np.int16)
-    got = np.zeros(40, np.int64)
-    mins(words, bsums, got)
-    pairs = bsums.astype(np.int64).reshape(40, 8, 2).sum(axis=2)
-    np.testing.assert_array_equal(got, (b.astype(np.int64) * pairs).sum(axis=1))
 
     q = rng.integers(0, 64, 32 * 20).astype(np.uint8)
     q[:32] = 63
