@@ -225,10 +225,12 @@ def scratch_bytes(config: ModelConfig, n_ctx: int, n_ubatch: int, flash_attn: bo
     # in a split one. Replaying the allocations through a model of CuPy's pool (tests/test_placement_scratch.py)
     # leaves 20-35 MiB at T = 512 and up to 100 MiB at T = 128 for 8B/32B shapes, never more than the largest
     # dequantized weight chunk of a layer (the largest block a layer makes): `auto` plans for that much.
-    slack = max(_chunk_bytes(n_in, n_out) for n_in, n_out in ((c.n_embd, n_q), (c.n_embd, n_k), (n_q, c.n_embd),
-                                                              (c.n_embd, c.n_ff), (c.n_ff, c.n_embd)))
     if n_gpu_layers < 2 or t < GEMM_MIN_TOKENS:
         slack = 2 * hidden
+    else:
+        slack = max(_chunk_bytes(n_in, n_out) for n_in, n_out in ((c.n_embd, n_q), (c.n_embd, n_k),
+                                                                  (n_q, c.n_embd), (c.n_embd, c.n_ff),
+                                                                  (c.n_ff, c.n_embd)))
     return ScratchEstimate(activations, logits, slack)
 
 
@@ -242,14 +244,19 @@ def _gemm_bytes(t: int, n_in: int, n_out: int) -> int:
     out = _pool_bytes(4 * t * n_out)
     if t < GEMM_MIN_TOKENS:
         return out
-    rows = max(128, GEMM_CHUNK_ELEMENTS // n_in // 128 * 128)
+    rows = _chunk_rows(n_in)
     second = min(rows, max(0, n_out - rows))
     return out + _pool_bytes(2 * t * n_in) + _chunk_bytes(n_in, n_out) + _pool_bytes(2 * second * n_in)
 
 
+def _chunk_rows(n_in: int) -> int:
+    """Rows of a weight kernels_gpu.matmul dequantizes at once for the prefill GEMM."""
+    return max(128, GEMM_CHUNK_ELEMENTS // n_in // 128 * 128)
+
+
 def _chunk_bytes(n_in: int, n_out: int) -> int:
     """The first fp16 chunk of a dequantized (n_out, n_in) weight."""
-    return _pool_bytes(2 * min(n_out, max(128, GEMM_CHUNK_ELEMENTS // n_in // 128 * 128)) * n_in)
+    return _pool_bytes(2 * min(n_out, _chunk_rows(n_in)) * n_in)
 
 
 def plan(config: ModelConfig, tensors: Mapping, budget_bytes: int | None, ngl: int | str, n_ctx: int,

@@ -93,12 +93,15 @@ def try_fit(path, params: EngineParams, ngl: int, budget_bytes: int,
 def probe_ngl(config: ModelConfig, tensors: Mapping, params: EngineParams, budget_bytes: int,
               margin_bytes: int = DEFAULT_MARGIN_BYTES, fit: Callable[[int], FitAttempt] | None = None,
               on_attempt: Callable[[FitAttempt], None] | None = None,
-              overhead_bytes: int = GPU_OVERHEAD_BYTES) -> ProbeResult:
+              overhead_bytes: int | None = None) -> ProbeResult:
     """Predict the largest -ngl from the plan (params' n_ctx, KV types, -ub), find the real ceiling with fit(ngl)
     (e.g. `lambda n: try_fit(path, params, n, budget)`; None: no measurement, the prediction stands), and
     recommend the largest -ngl <= ceiling whose plan leaves margin_bytes of headroom. on_attempt sees each
     attempt as it ends (progress lines). overhead_bytes must be what the engine's plan counts (and what fit
-    reserves outside the pool), or the measured ceiling and the plan of `hybrid run` disagree."""
+    reserves outside the pool), or the measured ceiling and the plan of `hybrid run` disagree; None: that of
+    params (`probe_overhead_bytes`)."""
+    if overhead_bytes is None:
+        overhead_bytes = probe_overhead_bytes(config, tensors, params)
     p = params
     pred = predict_max_ngl(config, tensors, budget_bytes, p.n_ctx, p.type_k, p.type_v, p.n_ubatch,
                            flash_attn=p.flash_attn, swa_full=True, overhead_bytes=overhead_bytes)

@@ -146,12 +146,9 @@ def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, freq_base: float, fre
     theta_i = p * freq_scale * freq_base^(-2i/n_rot) / freq_factors[i]; ext_factor != 0 turns YaRN on
     (corr_dims from rope_yarn_corr_dims), attn_factor scales cos and sin.
     """
-    if mode not in ROPE_MODES:
-        raise ValueError(f"rope: mode must be one of {sorted(ROPE_MODES)}, found {mode!r}")
+    # mode, n_rot and x are checked by rope_tables / rope_apply; x's shape first, as the positions need it
     if x.dtype != np.float32 or x.ndim != 3:
         raise ValueError(f"rope: x must be 3-D float32 (n_tok, n_head, head_dim), found {x.dtype} {x.shape}")
-    if n_rot % 2 or not 0 < n_rot <= x.shape[2]:
-        raise ValueError(f"rope: n_rot must be even and in (0, {x.shape[2]}], found {n_rot}")
     positions = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
     if positions.shape[0] != x.shape[0]:
         raise ValueError(f"rope: need {x.shape[0]} positions, found {positions.shape[0]}")

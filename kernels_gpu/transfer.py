@@ -178,10 +178,6 @@ class WeightStream:
             return ""
         return why
 
-    @property
-    def registered_bytes(self) -> int:
-        return 0 if self._registered is None else self._registered[1] - self._registered[0]
-
     def take(self) -> int:
         """The slot holding the next source; the current stream waits for its upload (the host does not)."""
         if self._thread is None:

@@ -209,3 +209,12 @@ def test_explicit_ngl_is_refused_only_when_the_live_buffers_do_not_fit():
     assert p.headroom_bytes < 0 and any("hybrid probe" in r for r in p.reasons)
     with pytest.raises(PlacementError, match="20 layers need at least"):
         plan(cfg, ts, full.gpu_total_bytes - s.slack - 1, 20, 4096)
+
+
+def test_mirrored_gemm_constants_match_the_gpu_kernels():
+    # hybrid.placement may not import kernels_gpu at module level (it runs without CuPy), so it mirrors two of its
+    # constants; the estimate is only right while they agree
+    import kernels_gpu.matmul as gpu_matmul
+
+    assert GEMM_MIN_TOKENS == gpu_matmul.GEMM_MIN_TOKENS
+    assert GEMM_CHUNK_ELEMENTS == gpu_matmul.GEMM_CHUNK_ELEMENTS
