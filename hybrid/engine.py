@@ -20,7 +20,7 @@ from .arch.blocks import layer_forward
 from .arch.spec import LAYER_TENSORS_DENSE, LAYER_TENSORS_MOE, ArchSpec
 from .backend_cpu import CpuBackend
 from .errors import ContextTooLarge, HybridError
-from .kv import KV_TYPES, KVCache
+from .kv import KVCache, check_kv_types
 from .memlock import prepare_cpu_weights
 from .numa import check_mode as check_numa_mode
 from .offload import gpu_overhead_bytes, make_op_offload
@@ -95,9 +95,7 @@ class Engine:
         placeholder_weights (for `hybrid probe`): GPU layers get uninitialized buffers of their real sizes instead
         of an upload, and the plan's own budget check is lifted so the device's allocator decides what fits.
         """
-        for t in (params.type_k, params.type_v):
-            if t not in KV_TYPES:
-                raise HybridError(f"unknown KV cache type '{t}': choose one of {', '.join(KV_TYPES)}")
+        check_kv_types(params.type_k, params.type_v)
         check_numa_mode(params.numa)
         f = open_gguf(path, use_mmap=params.use_mmap)
         try:

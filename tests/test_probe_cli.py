@@ -40,3 +40,9 @@ def test_measuring_without_gpu_is_one_line(fixtures_dir):
     if "fits" in r.stderr:  # a GPU is usable here: the measured path runs instead
         return
     assert r.returncode == 1 and "--dry-run" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_unknown_kv_type_is_one_line(fixtures_dir):
+    r = probe(str(fixtures_dir / "arch" / "llama-q4_k_m.gguf"), "--dry-run", "--vram-budget", "1GiB", "-ctk", "q9")
+    assert r.returncode == 1 and "unknown KV cache type 'q9'" in r.stderr and "internal error" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

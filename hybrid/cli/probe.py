@@ -17,6 +17,7 @@ from gguf_io import ModelConfig
 from hybrid.devices import probe_gpus, probe_machine
 from hybrid.engine import Engine, EngineParams
 from hybrid.errors import DeviceUnavailable, HybridError
+from hybrid.kv import check_kv_types
 from hybrid.models import resolve_model
 from hybrid.placement import plan
 from hybrid.probe import DEFAULT_MARGIN_BYTES, kv_type_table
@@ -44,6 +45,7 @@ def probe(
 ) -> None:
     """Find the OOM ceiling: the most layers (-ngl) that fit, predicted from the plan and measured on the GPU by
     allocating and running each candidate; then recommend -ngl with headroom, a KV type, -t, --mlock, --numa."""
+    check_kv_types(ctk, ctv)  # as `hybrid run` would: a one-line error, before any planning
     margin_bytes = parse_size(margin) if margin else DEFAULT_MARGIN_BYTES
     path = resolve_model(model, cache_dir())
     if dry_run and not vram_budget:
