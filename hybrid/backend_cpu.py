@@ -6,7 +6,7 @@ import numpy as np
 
 from gguf_io import quant_spec
 from kernels_cpu import activations, attention, kv_cache, norm, rope
-from kernels_cpu.matmul import matmul
+from kernels_cpu.matmul import matmul, matmuls
 
 from .weights import Weight
 
@@ -25,12 +25,21 @@ class CpuBackend:
         """x (n, in) f32 -> (n, out) f32, straight from the raw blocks of w."""
         return matmul(w.raw, w.type_name, np.ascontiguousarray(x, dtype=np.float32))
 
+    def matmuls(self, ws, x: np.ndarray) -> tuple:
+        """Several weights times one x (q/k/v, gate/up) -> one (n, out_i) f32 result per weight."""
+        return tuple(matmuls([(w.raw, w.type_name) for w in ws], np.ascontiguousarray(x, dtype=np.float32)))
+
     def get_rows(self, w: Weight, ids: np.ndarray) -> np.ndarray:
         """Embedding lookup: dequantize only the requested rows -> (n, n_embd) f32."""
         return quant_spec(w.type_name).dequantize(w.raw[np.asarray(ids, dtype=np.int64)])
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         return norm.rms_norm(np.ascontiguousarray(x, dtype=np.float32), w, eps)
+
+    def add_rms_norm(self, x: np.ndarray, a: np.ndarray, w: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+        """(x + a, rms_norm(x + a) * w): the residual add and the next norm."""
+        total = x + a
+        return total, self.rms_norm(total, w, eps)
 
     def rms_norm_heads(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         return norm.rms_norm_heads(np.ascontiguousarray(x, dtype=np.float32), w, eps)

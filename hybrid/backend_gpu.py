@@ -146,6 +146,24 @@ class GpuBackend:
             memo = self._q8_memo = (x, quantize_q8_1(xd))
         return matmul(w.raw, w.type_name, xd, q8_act=memo[1])
 
+    def matmuls(self, ws, x) -> tuple:
+        """Several weights times one x (q/k/v, gate/up) -> one (n, out_i) f32 result per weight, with fewer launches
+        (kernels_gpu.matmul.matmul_many): one token, one q8 launch over all rows of a type; prefill, one fp16 x and
+        one stacked GEMM (up to GEMM_STACK_ELEMENTS)."""
+        from kernels_gpu.matmul import matmul_many, quantize_q8_1, uses_q8  # noqa: PLC0415
+
+        for w in ws:
+            if not isinstance(w.raw, self._cupy.ndarray):
+                raise ValueError(f"weight {w.name} is not on the GPU: GpuBackend.upload it first")
+        xd = self._dev(x)
+        q8_act = None
+        if xd.ndim == 2 and any(uses_q8(w.type_name, xd.shape[0]) for w in ws):
+            memo = self._q8_memo  # as matmul: x quantized once, also for a later matmul of the same x
+            if memo is None or memo[0] is not x:
+                memo = self._q8_memo = (x, quantize_q8_1(xd))
+            q8_act = memo[1]
+        return matmul_many([w.raw for w in ws], [w.type_name for w in ws], xd, q8_act=q8_act)
+
     def get_rows(self, w: Weight, ids):
         """Embedding lookup: dequantize only the requested rows -> (n, n_embd) f32 (on the GPU when w is)."""
         ids = np.asarray(ids, dtype=np.int64)
@@ -159,6 +177,12 @@ class GpuBackend:
         from kernels_gpu import ops  # noqa: PLC0415
 
         return ops.rms_norm(self._dev(x), w, eps)
+
+    def add_rms_norm(self, x, a, w, eps: float):
+        """(x + a, rms_norm(x + a) * w): the residual add and the next norm, one kernel."""
+        from kernels_gpu import ops  # noqa: PLC0415
+
+        return ops.add_rms_norm(self._dev(x), self._dev(a), w, eps)
 
     def rms_norm_heads(self, x, w, eps: float):
         from kernels_gpu import ops  # noqa: PLC0415

@@ -46,6 +46,10 @@ class OffloadBackend:
                 y[..., r0:r1] = matmul(dev, w.type_name, x)
         return y
 
+    def matmuls(self, ws, x) -> tuple:
+        """Several weights times one x (q/k/v, gate/up): each streams on its own, as matmul."""
+        return tuple(self.matmul(w, x) for w in ws)
+
     def kv_store(self, kv, il: int, k, v, positions) -> None:
         """The new rows go to the layer's cache in host memory, quantized by the CPU as a CPU layer's are."""
         self.cpu.kv_store(kv, il, self.gpu.to_host(k), self.gpu.to_host(v), positions)
@@ -80,6 +84,9 @@ class OffloadBackend:
 
     def rms_norm(self, x, w, eps: float):
         return self.gpu.rms_norm(x, w, eps)
+
+    def add_rms_norm(self, x, a, w, eps: float):
+        return self.gpu.add_rms_norm(x, a, w, eps)
 
     def rms_norm_heads(self, x, w, eps: float):
         return self.gpu.rms_norm_heads(x, w, eps)

@@ -33,6 +33,9 @@ POOL_UNIT = 512
 # values (rows rounded down to 128) for cuBLAS; the next chunk is made before the last one is dropped.
 GEMM_MIN_TOKENS = 9
 GEMM_CHUNK_ELEMENTS = 1 << 26
+# As kernels_gpu.matmul.matmul_many: q/k/v whose n_out x n_in sum is at most this are dequantized into one fp16
+# scratch (one chunk reused) for one GEMM into a (T, sum n_out) product, then copied out per weight.
+GEMM_STACK_ELEMENTS = GEMM_CHUNK_ELEMENTS
 # llama.cpp pads the sliding-window cache (n_swa + n_ubatch) to a multiple of this many cells.
 SWA_PAD = 256
 # KV cache types: (elements per block, bytes per block), as ggml stores them.
@@ -190,7 +193,8 @@ def scratch_bytes(config: ModelConfig, n_ctx: int, n_ubatch: int, flash_attn: bo
       (3 x T x n_ff float32), the output (A), fp16 x (T x n_ff) and two dequantized weight chunks (see
       _gemm_bytes); attention: x, normed x, q, k, v, the attention output (+ KQ scores without flash attention);
       output layer: x, normed x, the logits (T x n_vocab float32: every row, as perplexity asks) and its GEMM.
-    A decode step reuses these blocks. Quantized weights assumed (F16/F32 weights stage less).
+    q/k/v and gate/up are each one matmul_many (_matmuls_bytes): one fp16 x, and where they stack one GEMM (x16,
+    the product and the scratch, then the product and its copies). A decode step reuses these blocks. Quantized weights assumed (F16/F32 weights stage less).
     Nothing when no layer is on the GPU.
     """
     if n_gpu_layers <= 0:
@@ -205,8 +209,7 @@ def scratch_bytes(config: ModelConfig, n_ctx: int, n_ubatch: int, flash_attn: bo
         qkv = f32(t, n_q) + f32(t, n_k) + f32(t, n_v)
         held = positions + 2 * hidden  # the caller's x and the normed x
         n_kv = n_ctx if max_gpu_kv_cells is None else max_gpu_kv_cells
-        attn = max(held + _gemm_bytes(t, c.n_embd, n_q), held + f32(t, n_q) + _gemm_bytes(t, c.n_embd, n_k),
-                   held + f32(t, n_q) + f32(t, n_k) + _gemm_bytes(t, c.n_embd, n_v),
+        attn = max(held + _matmuls_bytes(t, c.n_embd, (n_q, n_k, n_v)),
                    held + 2 * qkv if qkv_bias else 0,  # q + bias, ... made while q, k, v are alive
                    held + qkv + f32(t, c.n_head * c.n_embd_head_v)
                    + (0 if flash_attn else f32(t, c.n_head, n_kv)),  # the KQ scores
@@ -218,19 +221,23 @@ def scratch_bytes(config: ModelConfig, n_ctx: int, n_ubatch: int, flash_attn: bo
             held += f32(te, c.n_embd)  # the expert's rows of x
         else:
             te, n_ff = t, c.n_ff
-        ffn = max(held + _gemm_bytes(te, c.n_embd, n_ff), held + f32(te, n_ff) + _gemm_bytes(te, c.n_embd, n_ff),
+        ffn = max(held + _matmuls_bytes(te, c.n_embd, (n_ff, n_ff)),
                   held + 3 * f32(te, n_ff) + _gemm_bytes(te, n_ff, c.n_embd), positions + 6 * hidden)
         activations = max(attn, ffn)
     # The slack: blocks the pool cannot give back because a small buffer (the hidden state, its normed copy) sits
     # in a split one. Replaying the allocations through a model of CuPy's pool (tests/test_placement_scratch.py)
     # leaves 20-35 MiB at T = 512 and up to 100 MiB at T = 128 for 8B/32B shapes, never more than the largest
-    # dequantized weight chunk of a layer (the largest block a layer makes): `auto` plans for that much.
+    # dequantized weight chunk of a layer, or stacked GEMM scratch or product (the largest blocks a layer makes):
+    # `auto` plans for that much.
     if n_gpu_layers < 2 or t < GEMM_MIN_TOKENS:
         slack = 2 * hidden
     else:
         slack = max(_chunk_bytes(n_in, n_out) for n_in, n_out in ((c.n_embd, n_q), (c.n_embd, n_k),
                                                                   (n_q, c.n_embd), (c.n_embd, c.n_ff),
                                                                   (c.n_ff, c.n_embd)))
+        for te_, n_all in ((t, n_q + n_k + n_v), (te, 2 * n_ff)):  # a stacked GEMM's scratch and product
+            if _stacked(te_, c.n_embd, n_all):
+                slack = max(slack, _stack_bytes(c.n_embd, n_all), f32(te_, n_all))
     return ScratchEstimate(activations, logits, slack)
 
 
@@ -252,6 +259,27 @@ def _gemm_bytes(t: int, n_in: int, n_out: int) -> int:
 def _chunk_rows(n_in: int) -> int:
     """Rows of a weight kernels_gpu.matmul dequantizes at once for the prefill GEMM."""
     return max(128, GEMM_CHUNK_ELEMENTS // n_in // 128 * 128)
+
+
+def _stacked(t: int, n_in: int, n_out: int) -> bool:
+    """Whether matmul_many runs its weights (n_out rows in all, quantized) as one stacked GEMM at t tokens."""
+    return t >= GEMM_MIN_TOKENS and n_out * n_in <= GEMM_STACK_ELEMENTS
+
+
+def _matmuls_bytes(t: int, n_in: int, n_outs: tuple[int, ...]) -> int:
+    """Live bytes of one matmul_many of x (t, n_in) by weights of n_outs rows, at its worst moment. Stacked: fp16
+    x, the (t, sum n_outs) float32 product and the scratch, then the product and its copies; else one shared fp16
+    x with the outputs made so far and the next weight's _gemm_bytes."""
+    outs = [_pool_bytes(4 * t * n) for n in n_outs]
+    if len(n_outs) >= 2 and _stacked(t, n_in, sum(n_outs)):
+        product = _pool_bytes(4 * t * sum(n_outs))
+        return max(_pool_bytes(2 * t * n_in) + product + _stack_bytes(n_in, sum(n_outs)), product + sum(outs))
+    return max(sum(outs[:i]) + _gemm_bytes(t, n_in, n) for i, n in enumerate(n_outs))
+
+
+def _stack_bytes(n_in: int, n_out: int) -> int:
+    """The fp16 scratch of a stacked GEMM: one chunk, reused."""
+    return _pool_bytes(2 * min(n_out, _chunk_rows(n_in)) * n_in)
 
 
 def _chunk_bytes(n_in: int, n_out: int) -> int:

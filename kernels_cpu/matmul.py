@@ -1,4 +1,5 @@
-"""`matmul(w_raw, type_name, x)`: the CPU matrix product on weights kept in their raw GGML blocks.
+"""`matmul(w_raw, type_name, x)`: the CPU matrix product on weights kept in their raw GGML blocks; `matmuls` for
+several weights times the same x (q/k/v, gate/up), in one parallel pass where their types allow.
 
 One explicit `KERNELS` entry per GGML type; anything else raises `UnsupportedQuantType` (no silent fallback).
 Like ggml, the activations are first converted to the weight type's vec_dot_type (`CpuKernel.vec_dot_type`).
@@ -15,7 +16,7 @@ import numba
 import numpy as np
 
 from gguf_io.errors import UnsupportedQuantType
-from kernels_cpu import act_quant, gemm_f32, quant_dot_float, vec_dot_k, vec_dot_legacy
+from kernels_cpu import act_quant, gemm_f32, quant_dot_float, sched, vec_dot_k, vec_dot_legacy
 
 
 @dataclass(frozen=True)
@@ -66,28 +67,63 @@ def _small_bf16(w, x, y):
     quant_dot_float.matmul_half(w, quant_dot_float.BF16, x, y, INT_ROWS_PER_TASK)
 
 
+def _int_slots(ws, kinds, ys, n_tok):
+    """Up to three (weight, kind, y) for one integer-dot call; unused slots are weights of 0 rows."""
+    empty_w = np.empty((0, 1), dtype=np.uint8)
+    empty_w.flags.writeable = False
+    empty_y = np.empty((n_tok, 0), dtype=np.float32)
+    pad = 3 - len(ws)
+    return (*ws, *[empty_w] * pad), (*kinds, *[0] * pad), (*ys, *[empty_y] * pad)
+
+
+def _legacy_dots(ws, kinds, x, ys):
+    """Integer dots of up to three legacy-type weights with x (n_tok, n_in), quantized to Q8_0 once for all."""
+    qs, d = act_quant.quantize_q8_0(x)
+    (w0, w1, w2), (k0, k1, k2), (y0, y1, y2) = _int_slots(ws, kinds, ys, x.shape[0])
+    vec_dot_legacy.matmul_q8_0_act(w0, w1, w2, k0, k1, k2, qs, d, y0, y1, y2, INT_ROWS_PER_TASK,
+                                   numba.get_num_threads(), sched.new_counter())
+
+
+def _k_dots(ws, kinds, x, ys):
+    """Integer dots of up to three K-quant weights with x (n_tok, n_in), quantized to Q8_K once for all."""
+    qs, d, bsums = act_quant.quantize_q8_k(x)
+    (w0, w1, w2), (k0, k1, k2), (y0, y1, y2) = _int_slots(ws, kinds, ys, x.shape[0])
+    vec_dot_k.matmul_q8_k_act(w0, w1, w2, k0, k1, k2, qs, d, bsums, y0, y1, y2, INT_ROWS_PER_TASK,
+                              numba.get_num_threads(), sched.new_counter())
+
+
 def _legacy_runner(kind):
     def run(w, x, y):
-        qs, d = act_quant.quantize_q8_0(x)
         if x.shape[0] >= GEMM_MIN_TOKENS:
+            qs, d = act_quant.quantize_q8_0(x)
             gemm_f32.gemm(w, gemm_f32.LEGACY, kind, gemm_f32.pack_q8(qs, d, 32), x.shape[0], y,
                           numba.get_num_threads())
         else:
-            vec_dot_legacy.matmul_q8_0_act(w, kind, qs, d, y, INT_ROWS_PER_TASK)
+            _legacy_dots((w,), (kind,), x, (y,))
 
     return run
 
 
 def _k_runner(kind):
     def run(w, x, y):
-        qs, d, bsums = act_quant.quantize_q8_k(x)
         if x.shape[0] >= GEMM_MIN_TOKENS:
+            qs, d, _ = act_quant.quantize_q8_k(x)
             gemm_f32.gemm(w, gemm_f32.K_QUANT, kind, gemm_f32.pack_q8(qs, d, 256), x.shape[0], y,
                           numba.get_num_threads())
         else:
-            vec_dot_k.matmul_q8_k_act(w, kind, qs, d, bsums, y, INT_ROWS_PER_TASK)
+            _k_dots((w,), (kind,), x, (y,))
 
     return run
+
+
+# the integer-dot families matmuls() fuses: vec_dot_type -> (kind code of each type, the call)
+_INT_FAMILIES = {
+    "Q8_0": ({"Q4_0": vec_dot_legacy.Q4_0, "Q4_1": vec_dot_legacy.Q4_1, "Q5_0": vec_dot_legacy.Q5_0,
+              "Q5_1": vec_dot_legacy.Q5_1, "Q8_0": vec_dot_legacy.Q8_0, "IQ4_NL": vec_dot_legacy.IQ4_NL},
+             _legacy_dots),
+    "Q8_K": ({"Q2_K": vec_dot_k.Q2_K, "Q3_K": vec_dot_k.Q3_K, "Q4_K": vec_dot_k.Q4_K, "Q5_K": vec_dot_k.Q5_K,
+              "Q6_K": vec_dot_k.Q6_K, "IQ4_XS": vec_dot_k.IQ4_XS}, _k_dots),
+}
 
 
 _L, _K, _G = vec_dot_legacy, vec_dot_k, gemm_f32
@@ -131,17 +167,10 @@ def _check_array(name, a, dtype, ndims):
         raise ValueError(f"{name} must be C-contiguous (shape {a.shape}, strides {a.strides})")
 
 
-def matmul(w_raw, type_name, x, out=None):
-    """y = x @ W.T with W kept in its raw GGML blocks.
-
-    w_raw: uint8 (n_out, row_bytes), C-contiguous, rows of `type_name` blocks (a memmap view is fine);
-    x: float32 (n_tok, n_in) or (n_in,); out: optional float32 (n_tok, n_out) or (n_out,) to fill.
-    Returns y float32 (n_tok, n_out), or (n_out,) for a 1-D x.
-    Raises UnsupportedQuantType for a type without a kernel, ValueError for bad dtypes, layouts or shapes.
-    """
+def _prepare(w_raw, type_name, x):
+    """Checks one weight against x -> (kernel, w_raw as a read-only plain ndarray, n_out, n_in)."""
     kernel = _kernel(type_name)
     _check_array("w_raw", w_raw, np.uint8, (2,))
-    _check_array("x", x, np.float32, (1, 2))
     # A plain read-only ndarray view, no copy: model weights are read-only memmaps, and one array type
     # means each kernel is compiled once (Numba types read-only and writable arrays apart).
     w_raw = np.asarray(w_raw).view(np.ndarray)
@@ -154,6 +183,19 @@ def matmul(w_raw, type_name, x, out=None):
     n_in = row_bytes // kernel.type_size * kernel.block_size
     if x.shape[-1] != n_in:
         raise ValueError(f"x has {x.shape[-1]} features but the {type_name} weight rows hold {n_in}")
+    return kernel, w_raw, n_out, n_in
+
+
+def matmul(w_raw, type_name, x, out=None):
+    """y = x @ W.T with W kept in its raw GGML blocks.
+
+    w_raw: uint8 (n_out, row_bytes), C-contiguous, rows of `type_name` blocks (a memmap view is fine);
+    x: float32 (n_tok, n_in) or (n_in,); out: optional float32 (n_tok, n_out) or (n_out,) to fill.
+    Returns y float32 (n_tok, n_out), or (n_out,) for a 1-D x.
+    Raises UnsupportedQuantType for a type without a kernel, ValueError for bad dtypes, layouts or shapes.
+    """
+    _check_array("x", x, np.float32, (1, 2))
+    kernel, w_raw, n_out, n_in = _prepare(w_raw, type_name, x)
     x2 = np.asarray(x).reshape(-1, n_in)  # (n_tok, n_in)
     y_shape = (n_out,) if x.ndim == 1 else (x2.shape[0], n_out)
     if out is None:
@@ -165,3 +207,35 @@ def matmul(w_raw, type_name, x, out=None):
     if n_out and x2.shape[0]:
         kernel.run(w_raw, x2, np.asarray(out).reshape(-1, n_out))
     return out
+
+
+def matmuls(weights, x) -> list[np.ndarray]:
+    """[x @ W.T for (W, type) in weights]: several weights times the same x (q/k/v, gate/up).
+
+    weights: sequence of (w_raw, type_name) as matmul's; x: float32 (n_tok, n_in), C-contiguous. Returns float32
+    (n_tok, n_out_i) arrays, equal to matmul's one by one. Below GEMM_MIN_TOKENS, the weights whose types share an
+    integer activation type (Q8_0: the legacy types; Q8_K: the K-quants) are multiplied in one parallel pass, up to
+    three at a time, on x quantized once; the rest, and batches, go one by one.
+    """
+    _check_array("x", x, np.float32, (2,))
+    prepared = [_prepare(w_raw, type_name, x) for w_raw, type_name in weights]
+    n_tok = x.shape[0]
+    outs = [np.empty((n_tok, n_out), dtype=np.float32) for _, _, n_out, _ in prepared]
+    if n_tok == 0:
+        return outs
+    groups: dict[str, list[int]] = {}
+    for i, (kernel, _, n_out, _) in enumerate(prepared):
+        fused = n_tok < GEMM_MIN_TOKENS and kernel.vec_dot_type in _INT_FAMILIES and n_out
+        groups.setdefault(kernel.vec_dot_type if fused else f"one {i}", []).append(i)
+    for family, idx in groups.items():
+        if family not in _INT_FAMILIES:
+            for i in idx:
+                if outs[i].size:
+                    prepared[i][0].run(prepared[i][1], x, outs[i])
+            continue
+        codes, dots = _INT_FAMILIES[family]
+        for c in range(0, len(idx), 3):
+            part = idx[c:c + 3]
+            dots(tuple(prepared[i][1] for i in part), tuple(codes[prepared[i][0].name] for i in part), x,
+                 tuple(outs[i] for i in part))
+    return outs

@@ -13,6 +13,7 @@ Activations: xq int8 (n_tok, n_in), xd float32 (n_tok, n_in/32); the driver adds
 import numpy as np
 from numba import njit, prange
 
+from kernels_cpu.sched import next_task
 from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_bits32, load_f16, load_i8x32, load_nib16, prefetch,
                               store_scaled, zero_f32)
 from kernels_cpu.simd_int import abs_i8, addc_i8, dot_u8i8, lut16_i8, or_i8, sign_i8
@@ -219,31 +220,45 @@ def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, xs, y, nb):
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def matmul_q8_0_act(w, kind, xq, xd, y, rows_per_task):
-    """y[t, r] = row r of w . token t, for n_tok small enough that integer dots beat the float GEMM.
+def matmul_q8_0_act(w0, w1, w2, k0, k1, k2, xq, xd, y0, y1, y2, rows_per_task, n_threads, counter):
+    """y_m[t, r] = row r of w_m . token t for up to three weights times the same tokens (q/k/v, gate/up), for n_tok
+    small enough that integer dots beat the float GEMM; an unused slot is a weight of 0 rows.
 
-    w: uint8 (n_out, row_bytes) raw blocks of `kind`; xq/xd: Q8_0 activations (module docstring);
-    y: float32 (n_tok, n_out). Rows go in tasks of `rows_per_task`, which stay in L1 while every token passes.
+    w_m: uint8 (n_out_m, row_bytes_m) raw blocks of type k_m; xq/xd: Q8_0 activations (module docstring);
+    y_m: float32 (n_tok, n_out_m); n_threads: numba.get_num_threads(); counter:
+    kernels_cpu.sched.new_counter(). Tasks of `rows_per_task` rows (which
+    stay in L1 while every token passes), first all of w0's, then w1's, then w2's, are claimed one at a time by the
+    threads, so one parallel region serves all three.
     """
-    n_out, row_bytes = w.shape
     n_tok, n_in = xq.shape
     nb = n_in // QK
-    signed = kind == Q4_0 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL
-    xs = np.zeros((n_tok, nb), dtype=np.float32)  # d_x * sum q8 per block: exact (11 x 13 bits)
-    if not signed:
-        for t in range(n_tok):
-            for b in range(nb):
-                s = 0
-                for j in range(b * QK, (b + 1) * QK):
-                    s += np.int32(xq[t, j])
-                xs[t, b] = xd[t, b] * np.float32(s)
-    wf = w.reshape(n_out * row_bytes)  # linear byte offsets
-    n_tasks = (n_out + rows_per_task - 1) // rows_per_task
-    for task in prange(n_tasks):
-        r0 = task * rows_per_task
-        r1 = min(n_out, r0 + rows_per_task)
-        for t in range(n_tok):
-            rows_dot(kind, wf, row_bytes, r0, r1, xq[t], xd[t], xs[t], y[t], nb)
+    xs = np.zeros((n_tok, nb), dtype=np.float32)  # d_x * sum q8 per block (Q4_1, Q5_1): exact (11 x 13 bits)
+    for t in range(n_tok):
+        for b in range(nb):
+            s = 0
+            for j in range(b * QK, (b + 1) * QK):
+                s += np.int32(xq[t, j])
+            xs[t, b] = xd[t, b] * np.float32(s)
+    t0 = (w0.shape[0] + rows_per_task - 1) // rows_per_task
+    t1 = (w1.shape[0] + rows_per_task - 1) // rows_per_task
+    n_tasks = t0 + t1 + (w2.shape[0] + rows_per_task - 1) // rows_per_task
+    f0, f1, f2 = w0.reshape(w0.size), w1.reshape(w1.size), w2.reshape(w2.size)  # linear byte offsets
+    for _ in prange(max(1, min(n_threads, n_tasks))):  # one claimer a thread
+        task = next_task(counter)
+        while task < n_tasks:
+            if task < t0:
+                w, kind, y, r0 = f0, k0, y0, task * rows_per_task
+                n_out, row_bytes = w0.shape
+            elif task < t0 + t1:
+                w, kind, y, r0 = f1, k1, y1, (task - t0) * rows_per_task
+                n_out, row_bytes = w1.shape
+            else:
+                w, kind, y, r0 = f2, k2, y2, (task - t0 - t1) * rows_per_task
+                n_out, row_bytes = w2.shape
+            r1 = min(n_out, r0 + rows_per_task)
+            for t in range(n_tok):
+                rows_dot(kind, w, row_bytes, r0, r1, xq[t], xd[t], xs[t], y[t], nb)
+            task = next_task(counter)
 
 
 # -- float32 decoding of a row (for the batched GEMM) ---------------------------------------------------------

@@ -5,7 +5,8 @@ and serves up to 8 tokens (warp-per-row, shuffle reductions). One token on a Q8_
 `q8` argument): the activations are quantized to 8 bits per 32 (quantize_q8_1) and dotted by dp4a (matvec_q8.cu).
 Prefill: the weight is dequantized in row chunks into an fp16 scratch, and cuBLAS multiplies fp16 x fp16 with fp32
 accumulation and fp32 output (F32 weights: fp32 GEMM on the raw rows; BF16: an fp32 scratch). One explicit
-`GPU_KERNELS` entry per GGML type.
+`GPU_KERNELS` entry per GGML type. `matmul_many` multiplies one x by several weights (q/k/v, gate/up): one q8
+launch over all rows of a type, or for prefill one fp16 x and (up to GEMM_STACK_ELEMENTS) one stacked GEMM.
 """
 
 from __future__ import annotations
@@ -30,6 +31,17 @@ Q8_MATVEC: dict[str, int] = {"Q4_K": 4, "Q6_K": 4}  # type -> parts a block (thr
 # Q6_K's is 0.6-0.7x of its float kernel, so Q6_K keeps the float kernel unless asked (q8=True).
 Q8_AUTO = frozenset({"Q4_K"})
 Q8_BLOCK = 32  # activations per q8 scale
+# The q8 kernel design per type (matvec_q8's `kernel`): "warp" = matvec_q8.cu (each lane loads its part of a block in
+# place), "staged" = matvec_q8_staged.cu (a warp copies 8 whole blocks a row to shared memory with 16-byte
+# cp.async; for block_q6_K, whose 210-byte blocks are only 2-byte aligned).
+Q8_KERNEL: dict[str, str] = {"Q4_K": "warp", "Q6_K": "staged"}
+Q8_STAGED = frozenset({"Q6_K"})  # the types with a "staged" kernel
+Q6S_WARPS = 4  # warps per CTA of the staged kernel (Q6S_WARPS in matvec_q8_staged.cu)
+Q6S_NB = 8  # blocks per staged chunk (Q6S_NB)
+Q8_MANY = 3  # matrices one q8 launch covers (w0..w2 in matvec_q8m_* / matvec_q8s_*)
+# matmul_many's prefill stacks its quantized weights into one fp16 scratch and one GEMM while their n_out x n_in
+# sum is at most this (q/k/v of Llama-8B: 6144 x 4096 = 25 Mi), else each weight has its own GEMM on the shared x16
+GEMM_STACK_ELEMENTS = GEMM_CHUNK_ELEMENTS
 
 
 @dataclass(frozen=True)
@@ -111,20 +123,9 @@ def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = 
     """
     import cupy  # noqa: PLC0415
 
-    k = gpu_kernel(type_name)
-    _check("w_raw", w_raw, np.uint8, (2,))
+    k, n_out, n_in = _check_weight("w_raw", w_raw, type_name)
     _check("x", x, np.float32, (1, 2))
-    n_out, row_bytes = w_raw.shape
-    if row_bytes == 0 or row_bytes % k.type_size:
-        raise ValueError(f"w_raw rows of {row_bytes} bytes are not whole {type_name} blocks of {k.type_size} bytes")
-    if w_raw.data.ptr % k.align:
-        raise ValueError(f"w_raw of {type_name} must be {k.align}-byte aligned on the device")
-    n_in = row_bytes // k.type_size * k.block_size
-    if x.shape[-1] != n_in:
-        raise ValueError(f"x has {x.shape[-1]} features but the {type_name} weight rows hold {n_in}")
-    x2 = x.reshape(-1, n_in)  # (n_tok, n_in)
-    if x2.data.ptr % 16:
-        x2 = x2.copy()  # the kernels read x as float4
+    x2 = _rows_of(x, n_in, type_name)  # (n_tok, n_in)
     n_tok = x2.shape[0]
     y_shape = (n_out,) if x.ndim == 1 else (n_tok, n_out)
     if out is None:
@@ -150,6 +151,26 @@ def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = 
     else:
         raise ValueError(f"path must be 'auto', 'matvec' or 'gemm', found {path!r}")
     return out
+
+
+def _check_weight(name: str, w_raw, type_name) -> tuple[GpuKernel, int, int]:
+    """(kernel, n_out, n_in) of a raw weight, after checking its dtype, shape, rows and alignment."""
+    k = gpu_kernel(type_name)
+    _check(name, w_raw, np.uint8, (2,))
+    n_out, row_bytes = w_raw.shape
+    if row_bytes == 0 or row_bytes % k.type_size:
+        raise ValueError(f"{name} rows of {row_bytes} bytes are not whole {type_name} blocks of {k.type_size} bytes")
+    if w_raw.data.ptr % k.align:
+        raise ValueError(f"{name} of {type_name} must be {k.align}-byte aligned on the device")
+    return k, int(n_out), row_bytes // k.type_size * k.block_size
+
+
+def _rows_of(x, n_in: int, type_name: str):
+    """x (checked float32, 1-D or 2-D) as (n_tok, n_in), 16-byte aligned (the kernels read x as float4)."""
+    if x.shape[-1] != n_in:
+        raise ValueError(f"x has {x.shape[-1]} features but the {type_name} weight rows hold {n_in}")
+    x2 = x.reshape(-1, n_in)
+    return x2.copy() if x2.data.ptr % 16 else x2
 
 
 def matvec_config(n_out: int, items_per_row: int, rpw: int | None = None) -> tuple[int, int]:
@@ -245,34 +266,128 @@ def q8_config(n_out: int, items_per_row: int, rpw: int | None = None) -> tuple[i
     return rpw, wpr
 
 
-def matvec_q8(w_raw, type_name, xq, xm, y, wpr: int | None = None, rpw: int | None = None) -> None:
-    """y = W x on activations quantize_q8_1 made: w_raw cupy uint8 (n_out, row_bytes) of a Q8_MATVEC type,
-    xq cupy int8 (1, n_in), xm cupy float32 (1, n_in / 32, 4), y cupy float32 (1, n_out) or (n_out,)."""
-    k = gpu_kernel(type_name)
-    if type_name not in Q8_MATVEC:
-        raise ValueError(f"no q8 matvec for {type_name}; it has: {', '.join(Q8_MATVEC)}")
-    _check("w_raw", w_raw, np.uint8, (2,))
+def q8s_config(n_out: int, n_blocks: int, rpw: int | None = None) -> tuple[int, int]:
+    """(rows per warp, warps per row group) of the staged q8 kernel (matvec_q8_staged.cu), before any device sweep
+    (scripts/gpu_fused_check.py prints one): 2 rows a warp from 4096 rows, 1 below; warps split a row's chunks of
+    Q6S_NB blocks while fewer than 4096 warps are in flight and each keeps >= 2 chunks."""
+    if rpw is None:
+        rpw = 2 if n_out >= 4096 else 1
+    groups, chunks = -(-n_out // rpw), -(-n_blocks // Q6S_NB)
+    wpr = 1
+    while wpr < Q6S_WARPS and groups * wpr < 4096 and chunks >= 2 * wpr * 2:
+        wpr *= 2
+    return rpw, wpr
+
+
+def _check_q8_act(xq, xm, n_in: int) -> None:
     _check("xq", xq, np.int8, (2,))
     _check("xm", xm, np.float32, (3,))
+    if xq.shape != (1, n_in) or xm.shape != (1, n_in // Q8_BLOCK, 4):
+        raise ValueError(f"q8 activations of one token of {n_in}: expected xq (1, {n_in}), xm (1, "
+                         f"{n_in // Q8_BLOCK}, 4), got xq {xq.shape}, xm {xm.shape}")
+    if xq.data.ptr % 16 or xm.data.ptr % 16:
+        raise ValueError("xq and xm must be 16-byte aligned on the device")
+
+
+def matvec_q8(w_raw, type_name, xq, xm, y, wpr: int | None = None, rpw: int | None = None,
+              kernel: str | None = None) -> None:
+    """y = W x on activations quantize_q8_1 made: w_raw cupy uint8 (n_out, row_bytes) of a Q8_MATVEC type,
+    xq cupy int8 (1, n_in), xm cupy float32 (1, n_in / 32, 4), y cupy float32 (1, n_out) or (n_out,).
+    kernel: "warp" or "staged" (Q8_STAGED types); None: Q8_KERNEL[type_name]."""
+    if type_name not in Q8_MATVEC:
+        raise ValueError(f"no q8 matvec for {type_name}; it has: {', '.join(Q8_MATVEC)}")
+    _, n_out, n_in = _check_weight("w_raw", w_raw, type_name)
+    _check_q8_act(xq, xm, n_in)
     _check("y", y, np.float32, (1, 2))
-    n_out, row_bytes = w_raw.shape
-    n_in = row_bytes // k.type_size * k.block_size
-    if xq.shape != (1, n_in) or xm.shape != (1, n_in // Q8_BLOCK, 4) or y.size != n_out:
-        raise ValueError(f"q8 matvec of {n_out}x{n_in}: got xq {xq.shape}, xm {xm.shape}, y {y.shape}")
-    if w_raw.data.ptr % k.align or xq.data.ptr % 16 or xm.data.ptr % 16:
-        raise ValueError(f"w_raw must be {k.align}-byte aligned and xq, xm 16-byte aligned on the device")
-    n_blocks = n_in // k.block_size
-    rpw, auto_wpr = q8_config(n_out, n_blocks * Q8_MATVEC[type_name], rpw)
+    if y.size != n_out:
+        raise ValueError(f"q8 matvec of {n_out}x{n_in}: y has shape {y.shape}")
+    _q8_launch([w_raw], type_name, xq, xm, [y], wpr, rpw, kernel)
+
+
+def _q8_launch(ws, type_name: str, xq, xm, ys, wpr, rpw, kernel: str | None) -> None:
+    """ys[i] = W_i x for 1..Q8_MANY checked weights of type_name (one n_in) in one launch."""
+    k = GPU_KERNELS[type_name]
+    kernel = Q8_KERNEL[type_name] if kernel is None else kernel
+    if kernel not in ("warp", "staged") or (kernel == "staged" and type_name not in Q8_STAGED):
+        raise ValueError(f"q8 kernel {kernel!r} of {type_name}: 'warp' or, for {', '.join(Q8_STAGED)}, 'staged'")
+    assert 1 <= len(ws) <= Q8_MANY == 3 and len(ys) == len(ws)
+    n_blocks = ws[0].shape[1] // k.type_size
+    n_outs = [int(w.shape[0]) for w in ws]
+    if kernel == "staged":
+        warps, rpws = Q6S_WARPS, (1, 2)
+        rpw, auto_wpr = q8s_config(sum(n_outs), n_blocks, rpw)
+    else:
+        warps, rpws = MV_WARPS, (1, 2, 4)
+        rpw, auto_wpr = q8_config(sum(n_outs), n_blocks * Q8_MATVEC[type_name], rpw)
     wpr = auto_wpr if wpr is None else wpr
-    if rpw not in (1, 2, 4):
-        raise ValueError(f"rpw must be 1, 2 or 4, found {rpw}")
-    if wpr not in (1, 2, 4, 8):
-        raise ValueError(f"wpr must be 1, 2, 4 or 8, found {wpr}")
-    fn = get_kernel("matvec_q8", f"matvec_q8_{k.suffix}_r{rpw}")
-    n_groups = -(-n_out // rpw)
-    grid = (-(-n_groups // (MV_WARPS // wpr)),)
+    if rpw not in rpws:
+        raise ValueError(f"rpw of the {kernel} q8 kernel must be one of {rpws}, found {rpw}")
+    if wpr not in (1, 2, 4, 8) or wpr > warps:
+        raise ValueError(f"wpr of the {kernel} q8 kernel must be a power of two up to {warps}, found {wpr}")
+    per_cta = warps // wpr  # row groups per CTA
+    ctas = [-(-(-(-n // rpw)) // per_cta) for n in n_outs]
     i32 = np.int32
-    fn(grid, (256,), (w_raw, xq, xm, y, i32(n_out), i32(n_blocks), i32(wpr)))
+    if kernel == "warp" and len(ws) == 1:  # the single-matrix entry, as before matmul_many
+        fn = get_kernel("matvec_q8", f"matvec_q8_{k.suffix}_r{rpw}")
+        fn((ctas[0],), (256,), (ws[0], xq, xm, ys[0], i32(n_outs[0]), i32(n_blocks), i32(wpr)))
+        return
+    pad = Q8_MANY - len(ws)  # unused slots repeat matrix 0 and get no CTA
+    ws, ys, n_outs, ctas = list(ws) + [ws[0]] * pad, list(ys) + [ys[0]] * pad, n_outs + [0] * pad, ctas + [0] * pad
+    c1, c2 = ctas[0], ctas[0] + ctas[1]
+    grid = c2 + ctas[2]
+    if grid == 0:
+        return
+    fn = get_kernel("matvec_q8", f"matvec_q8{'s' if kernel == 'staged' else 'm'}_{k.suffix}_r{rpw}")
+    fn((grid,), (warps * 32,), (*ws, *ys, *map(i32, n_outs), i32(c1), i32(c2), xq, xm, i32(n_blocks), i32(wpr)))
+
+
+def matmul_many(ws_raw, type_names, x, q8: bool | None = None, q8_act: tuple | None = None,
+                stack: bool | None = None, wpr: int | None = None, rpw: int | None = None) -> tuple:
+    """(x @ W_i.T for every weight) for weights that multiply one x (q/k/v, gate/up), with fewer launches.
+
+    ws_raw: cupy uint8 (n_out_i, row_bytes_i) each; type_names: their GGML types; x: cupy float32 (n_tok, n_in)
+    or (n_in,). Returns a tuple of new C-contiguous float32 (n_tok, n_out_i) (or (n_out_i,)), as matmul's.
+    One token: the weights that take the q8 path (uses_q8 with q8) are grouped by type, and each group of up to
+    Q8_MANY is one launch over all their rows on one quantize_q8_1 of x (or q8_act); wpr, rpw apply to those.
+    n_tok >= GEMM_MIN_TOKENS: x goes to fp16 once; with `stack` (None: if their n_out x n_in sum is at most
+    GEMM_STACK_ELEMENTS) the quantized weights are dequantized into one fp16 scratch, rows stacked, for one GEMM
+    whose columns are then copied out per weight. Anything else: matmul per weight.
+    """
+    import cupy  # noqa: PLC0415
+
+    if len(ws_raw) != len(type_names) or not ws_raw:
+        raise ValueError(f"matmul_many needs one type per weight and >= 1 weight: {len(ws_raw)} weights, "
+                         f"{len(type_names)} types")
+    _check("x", x, np.float32, (1, 2))
+    checked = [_check_weight(f"ws_raw[{i}]", w, t) for i, (w, t) in enumerate(zip(ws_raw, type_names))]
+    ks, n_outs = [c[0] for c in checked], [c[1] for c in checked]
+    for (_, _, n_in), t in zip(checked, type_names):
+        if n_in != x.shape[-1]:
+            raise ValueError(f"x has {x.shape[-1]} features but the {t} weight rows hold {n_in}")
+    x2 = _rows_of(x, n_in, type_names[0])  # (n_tok, n_in)
+    n_tok = x2.shape[0]
+    ys: list = [None] * len(ws_raw)
+    if n_tok >= GEMM_MIN_TOKENS:
+        _gemm_many(ks, ws_raw, x2, ys, n_in, stack)
+    elif n_tok == 1:
+        groups: dict[str, list[int]] = {}
+        for i, t in enumerate(type_names):
+            if n_outs[i] and uses_q8(t, 1, q8):
+                groups.setdefault(t, []).append(i)
+        if groups:
+            if q8_act is None:
+                q8_act = quantize_q8_1(x2)
+            _check_q8_act(*q8_act, n_in)
+        for t, idx in groups.items():
+            for s in range(0, len(idx), Q8_MANY):
+                part = idx[s:s + Q8_MANY]
+                for i in part:
+                    ys[i] = cupy.empty((1, n_outs[i]), dtype=cupy.float32)
+                _q8_launch([ws_raw[i] for i in part], t, *q8_act, [ys[i] for i in part], wpr, rpw, None)
+    for i, y in enumerate(ys):
+        if y is None:
+            ys[i] = matmul(ws_raw[i], type_names[i], x2, q8=q8, q8_act=q8_act)
+    return tuple(y.reshape(n) if x.ndim == 1 else y for y, n in zip(ys, n_outs))
 
 
 def dequantize(w_raw, type_name, rows=None, dtype=np.float32, out=None):
@@ -328,7 +443,8 @@ def _gemm_ex(a, a_type: int, b, b_type: int, c, m: int, n: int, kk: int, ldc: in
         cublas.setPointerMode(handle, mode)
 
 
-def _gemm(k: GpuKernel, w_raw, x, y, n_in: int) -> None:
+def _gemm(k: GpuKernel, w_raw, x, y, n_in: int, x16=None) -> None:
+    """y = x @ W.T by cuBLAS; x16: x as fp16 already (matmul_many shares it between weights), or None."""
     import cupy  # noqa: PLC0415
 
     r16, r32 = cupy.cuda.runtime.CUDA_R_16F, cupy.cuda.runtime.CUDA_R_32F
@@ -337,11 +453,12 @@ def _gemm(k: GpuKernel, w_raw, x, y, n_in: int) -> None:
     if k.name == "F32":
         _gemm_ex(w_raw, r32, x, r32, y.data.ptr, n_out, n_tok, n_in, n_out)
         return
-    x16 = x.astype(cupy.float16) if k.name != "BF16" else None
+    if x16 is None and k.name != "BF16":
+        x16 = x.astype(cupy.float16)
     if k.name == "F16":
         _gemm_ex(w_raw, r16, x16, r16, y.data.ptr, n_out, n_tok, n_in, n_out)
         return
-    rows = max(128, GEMM_CHUNK_ELEMENTS // n_in // 128 * 128)
+    rows = _chunk_rows(n_in)
     for r0 in range(0, n_out, rows):
         r1 = min(n_out, r0 + rows)
         if k.name == "BF16":
@@ -350,3 +467,56 @@ def _gemm(k: GpuKernel, w_raw, x, y, n_in: int) -> None:
         else:
             wc = dequantize(w_raw[r0:r1], k.name, dtype=np.float16)
             _gemm_ex(wc, r16, x16, r16, y.data.ptr + 4 * r0, r1 - r0, n_tok, n_in, n_out)
+
+
+def _chunk_rows(n_in: int) -> int:
+    """Rows of n_in values one dequantized fp16 chunk holds (GEMM_CHUNK_ELEMENTS, whole 128s, at least 128)."""
+    return max(128, GEMM_CHUNK_ELEMENTS // n_in // 128 * 128)
+
+
+def _gemm_many(ks: list, ws, x, ys: list, n_in: int, stack: bool | None) -> None:
+    """ys[i] = x @ W_i.T (prefill) with x converted to fp16 once: the quantized weights stacked into one GEMM
+    (stack; None: while their n_out x n_in sum is at most GEMM_STACK_ELEMENTS), the others one GEMM each."""
+    import cupy  # noqa: PLC0415
+
+    quant = [i for i, k in enumerate(ks) if not k.is_float]
+    if stack is None:
+        stack = sum(int(ws[i].shape[0]) for i in quant) * n_in <= GEMM_STACK_ELEMENTS
+    if stack and len(quant) >= 2:
+        for i, y in zip(quant, _gemm_stacked([ks[i] for i in quant], [ws[i] for i in quant], x, n_in)):
+            ys[i] = y
+    x16 = None
+    for i, k in enumerate(ks):
+        if ys[i] is not None:
+            continue
+        if x16 is None and k.name not in ("F32", "BF16"):
+            x16 = x.astype(cupy.float16)  # (n_tok, n_in), made before the first output as matmul's is after it
+        ys[i] = cupy.empty((x.shape[0], ws[i].shape[0]), dtype=cupy.float32)
+        if ws[i].shape[0]:  # cuBLAS refuses ldc = 0
+            _gemm(k, ws[i], x, ys[i], n_in, x16)
+
+
+def _gemm_stacked(ks: list, ws: list, x, n_in: int) -> list:
+    """[x @ W_i.T] of quantized weights sharing n_in as one GEMM: their rows dequantized into one fp16 scratch
+    (chunks of _chunk_rows(n_in) rows, the scratch reused), one (n_tok, sum n_out) float32 product, whose
+    columns are copied out per weight. Live at the peak: x16 + product + scratch, then product + outputs."""
+    import cupy  # noqa: PLC0415
+
+    r16 = cupy.cuda.runtime.CUDA_R_16F
+    n_tok = x.shape[0]
+    starts = np.cumsum([0] + [int(w.shape[0]) for w in ws]).tolist()
+    n_total = starts[-1]
+    rows = _chunk_rows(n_in)
+    x16 = x.astype(cupy.float16)  # (n_tok, n_in)
+    y_all = cupy.empty((n_tok, n_total), dtype=cupy.float32)  # (n_tok, sum n_out)
+    # one scratch for every chunk: stream order has the GEMM read it before the next dequantize writes it
+    scratch = cupy.empty((min(rows, n_total), n_in), dtype=cupy.float16)
+    for r0 in range(0, n_total, rows):
+        r1 = min(n_total, r0 + rows)
+        for k, w, s, e in zip(ks, ws, starts, starts[1:]):
+            a, b = max(r0, s), min(r1, e)
+            if a < b:
+                dequantize(w[a - s:b - s], k.name, dtype=np.float16, out=scratch[a - r0:b - r0])
+        _gemm_ex(scratch, r16, x16, r16, y_all.data.ptr + 4 * r0, r1 - r0, n_tok, n_in, n_total)
+    del scratch, x16  # back to the pool before the copies are made
+    return [cupy.ascontiguousarray(y_all[:, s:e]) for s, e in zip(starts, starts[1:])]

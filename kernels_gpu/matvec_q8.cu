@@ -177,13 +177,14 @@ struct Q6K8 {
 // y[row] for RPW rows a warp, `wpr` warps a row group (split along the row, reduced through shared memory).
 // Every row's weight loads of an item are issued before its first dp4a (rows past the end re-read the group's
 // last row, never written), and the activations of an item are loaded once for the RPW rows.
+// `cta` is the CTA's index within this matrix (blockIdx.x, or less in a launch over several matrices).
 template <class Q, int RPW>
-__device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ w, const i8* __restrict__ xq,
+__device__ __forceinline__ void matvec_q8_body(int cta, const u8* __restrict__ w, const i8* __restrict__ xq,
                                                const float4* __restrict__ xm, float* __restrict__ y, int n_out,
                                                int n_blocks, int wpr) {
     __shared__ float red[MV_WARPS][RPW];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * (MV_WARPS / wpr) + warp / wpr) * RPW;
+    const int row0 = (cta * (MV_WARPS / wpr) + warp / wpr) * RPW;
     const int sub = warp % wpr;
     const size_t row_bytes = (size_t)n_blocks * Q::TS;
     const int nr = min(RPW, n_out - row0);
@@ -233,9 +234,36 @@ __device__ __forceinline__ void matvec_q8_body(const u8* __restrict__ w, const i
         int n_out, int n_blocks, int wpr
 #define Q8_ENTRY(name, Q, R)                                                                                 \
     extern "C" __global__ void __launch_bounds__(256) matvec_q8_##name##_r##R(MVQ8_ARGS) {                   \
-        matvec_q8_body<Q, R>(w, xq, xm, y, n_out, n_blocks, wpr);                                            \
+        matvec_q8_body<Q, R>(blockIdx.x, w, xq, xm, y, n_out, n_blocks, wpr);                                \
     }
-#define Q8_ENTRIES(name, Q) Q8_ENTRY(name, Q, 1) Q8_ENTRY(name, Q, 2) Q8_ENTRY(name, Q, 4)
+
+// One launch over up to three matrices of one type that multiply the same activations (q, k, v; gate, up):
+// CTAs [0, c1) work on matrix 0, [c1, c2) on matrix 1, [c2, grid) on matrix 2, each as its own launch would.
+// Unused slots repeat a real pointer and get no CTA.
+#define MVQ8M_ARGS                                                                                           \
+    const u8 *__restrict__ w0, const u8 *__restrict__ w1, const u8 *__restrict__ w2, float *__restrict__ y0, \
+        float *__restrict__ y1, float *__restrict__ y2, int n0, int n1, int n2, int c1, int c2,              \
+        const i8 *__restrict__ xq, const float4 *__restrict__ xm, int n_blocks, int wpr
+struct Q8Pick {
+    const u8* w;
+    float* y;
+    int n_out, cta;
+};
+__device__ __forceinline__ Q8Pick q8_pick(const u8* w0, const u8* w1, const u8* w2, float* y0, float* y1,
+                                          float* y2, int n0, int n1, int n2, int c1, int c2) {
+    const int c = blockIdx.x;
+    if (c >= c2) return Q8Pick{w2, y2, n2, c - c2};
+    if (c >= c1) return Q8Pick{w1, y1, n1, c - c1};
+    return Q8Pick{w0, y0, n0, c};
+}
+#define Q8M_ENTRY(name, Q, R)                                                                                \
+    extern "C" __global__ void __launch_bounds__(256) matvec_q8m_##name##_r##R(MVQ8M_ARGS) {                 \
+        const Q8Pick m = q8_pick(w0, w1, w2, y0, y1, y2, n0, n1, n2, c1, c2);                                \
+        matvec_q8_body<Q, R>(m.cta, m.w, xq, xm, m.y, m.n_out, n_blocks, wpr);                               \
+    }
+#define Q8_ENTRIES(name, Q)                                                                                  \
+    Q8_ENTRY(name, Q, 1) Q8_ENTRY(name, Q, 2) Q8_ENTRY(name, Q, 4) Q8M_ENTRY(name, Q, 1) Q8M_ENTRY(name, Q, 2) \
+        Q8M_ENTRY(name, Q, 4)
 
 Q8_ENTRIES(q4_k, Q4K8)
 Q8_ENTRIES(q6_k, Q6K8)

@@ -15,7 +15,7 @@ HERE = Path(__file__).resolve().parent
 MODULES: dict[str, tuple[str, ...]] = {
     "matvec_legacy": ("common.cu", "matvec_common.cu", "matvec_legacy.cu"),
     "matvec_k": ("common.cu", "matvec_common.cu", "matvec_k.cu"),
-    "matvec_q8": ("common.cu", "matvec_q8.cu"),
+    "matvec_q8": ("common.cu", "matvec_q8.cu", "matvec_q8_staged.cu"),
     "matvec_float": ("common.cu", "matvec_float.cu"),
     "ops": ("common.cu", "ops.cu"),
     "kv": ("common.cu", "kv.cu"),

@@ -43,6 +43,29 @@ extern "C" __global__ void rms_norm_f32(const float* x, const float* __restrict_
     }
 }
 
+// The residual add and the next norm in one pass: sum = x + a (sum may be x), out = rms_norm(sum) * w (w may be
+// null); the same threads, order and reduction as rms_norm_f32, so out equals rms_norm_f32 of the sum exactly.
+extern "C" __global__ void add_rms_norm_f32(const float* x, const float* a, const float* __restrict__ w, float* sum,
+                                            float* out, int n_rows, int n, float eps) {
+    const int row = blockIdx.x * blockDim.y + threadIdx.y;
+    const bool valid = row < n_rows;
+    const size_t off = (size_t)(valid ? row : 0) * n;
+    float s = 0.0f;
+    if (valid)
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            const float v = x[off + j] + a[off + j];
+            sum[off + j] = v;
+            s += v * v;
+        }
+    s = row_sum(s);
+    if (!valid) return;
+    const float scale = 1.0f / sqrtf(s / (float)n + eps);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {  // each thread reads back what it wrote
+        const float v = sum[off + j] * scale;
+        out[off + j] = w ? v * w[j] : v;
+    }
+}
+
 // In place: x (n_tok, n_head, head_dim); pair i < n_rot / 2 of head h of token t, one thread each.
 // NORM rotates (x[2i], x[2i+1]), NEOX (x[i], x[i + n_rot/2]); dims >= n_rot are left as they are.
 extern "C" __global__ void rope_f32(float* x, const i32* __restrict__ pos, int n_tok, int n_head, int head_dim,

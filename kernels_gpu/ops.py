@@ -1,4 +1,4 @@
-"""Launchers of ops.cu: rms_norm (rows, per head), rope (NORM / NEOX), glu (silu / gelu), scale; cupy float32."""
+"""Launchers of ops.cu: rms_norm (rows, per head), add_rms_norm (residual add + norm), rope (NORM / NEOX), glu (silu / gelu), scale; cupy float32."""
 
 from __future__ import annotations
 
@@ -23,17 +23,21 @@ def _f32(name: str, x, ndim: int | None = None):
     return cupy.ascontiguousarray(x)
 
 
-def _rms_rows(x2, w, eps: float, out2) -> None:
+def _rms_rows(x2, w, eps: float, out2, add=None) -> None:
+    """out2 = rms_norm(x2) * w; with add = (a2, sum2): sum2 = x2 + a2 first and out2 = rms_norm(sum2) * w."""
     n_rows, n = x2.shape
     if n_rows == 0 or n == 0:
         return
-    fn = get_kernel("ops", "rms_norm_f32")
     w_arg = np.uint64(0) if w is None else w
+    if add is None:
+        fn, args = get_kernel("ops", "rms_norm_f32"), (x2, w_arg, out2)
+    else:
+        fn, args = get_kernel("ops", "add_rms_norm_f32"), (x2, add[0], w_arg, add[1], out2)
     if n >= 1024:  # a CTA per row: 1024 threads from 4096 values (fewer dependent loads a thread), else 256
         threads = 1024 if n >= 4096 else 256
-        fn((n_rows,), (threads, 1), (x2, w_arg, out2, np.int32(n_rows), np.int32(n), np.float32(eps)))
+        fn((n_rows,), (threads, 1), (*args, np.int32(n_rows), np.int32(n), np.float32(eps)))
     else:  # a warp per row, 8 rows per CTA
-        fn(((n_rows + 7) // 8,), (32, 8), (x2, w_arg, out2, np.int32(n_rows), np.int32(n), np.float32(eps)))
+        fn(((n_rows + 7) // 8,), (32, 8), (*args, np.int32(n_rows), np.int32(n), np.float32(eps)))
 
 
 def _weight(w, n: int, name: str):
@@ -58,6 +62,20 @@ def rms_norm(x, w, eps: float, out=None):
     out = cupy.empty_like(x) if out is None else out
     _rms_rows(x, w, eps, out)
     return out
+
+
+def add_rms_norm(x, a, w, eps: float):
+    """The residual add and the next norm in one kernel: x, a (n_tok, n) f32, w (n,) f32 or None ->
+    (x + a, rms_norm(x + a) * w), both new arrays; the norm equals rms_norm's of the sum exactly."""
+    import cupy  # noqa: PLC0415
+
+    x, a = _f32("add_rms_norm", x, 2), _f32("add_rms_norm", a, 2)
+    if a.shape != x.shape:
+        raise ValueError(f"add_rms_norm: x {x.shape} and a {a.shape} differ in shape")
+    w = _weight(w, x.shape[1], "add_rms_norm")
+    total, out = cupy.empty_like(x), cupy.empty_like(x)
+    _rms_rows(x, w, eps, out, add=(a, total))
+    return total, out
 
 
 def rms_norm_heads(x, w, eps: float, out=None):

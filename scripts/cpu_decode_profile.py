@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-OPS = ("matmul", "get_rows", "rms_norm", "rms_norm_heads", "rope", "scale", "glu", "kv_store", "attention")
+OPS = ("matmul", "matmuls", "get_rows", "rms_norm", "add_rms_norm", "rms_norm_heads", "rope", "scale", "glu", "kv_store", "attention")
 
 
 def main() -> None:
@@ -56,6 +56,9 @@ def main() -> None:
                 w = args[0]
                 key = f"matmul {w.type_name} {w.shape[0]}x{w.shape[1]}"
                 nbytes[key] += w.raw.nbytes
+            elif name == "matmuls":  # several weights times one x (q/k/v, gate/up)
+                key = "matmuls " + " + ".join(f"{w.type_name} {w.shape[0]}x{w.shape[1]}" for w in args[0])
+                nbytes[key] += sum(w.raw.nbytes for w in args[0])
             times[key] += dt
             calls[key] += 1
             return out

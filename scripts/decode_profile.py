@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from gpu_check import time_events, time_graph  # noqa: E402
 
-OPS = ("matmul", "rms_norm", "rms_norm_heads", "rope", "scale", "glu", "kv_store", "attention")
+OPS = ("matmul", "matmuls", "rms_norm", "add_rms_norm", "rms_norm_heads", "rope", "scale", "glu", "kv_store", "attention")
 
 
 def copy_rate() -> float:
@@ -52,6 +52,11 @@ def record_token(eng, gpu, cache, tok: int) -> list[tuple[tuple, object, int]]:
             if _name == "matmul":
                 w = a[0]
                 key, nbytes = (_name, w.type_name, tuple(w.shape)), int(w.raw.nbytes)
+            elif _name == "matmuls":  # e.g. "matmuls Q4_K 4096+1024+1024x4096" (types joined by / when mixed)
+                ws = a[0]
+                types = "/".join(dict.fromkeys(w.type_name for w in ws))
+                shape = "+".join(str(w.shape[0]) for w in ws) + f"x{ws[0].shape[1]}"
+                key, nbytes = (_name, types, shape), sum(int(w.raw.nbytes) for w in ws)
             else:
                 first = next((v for v in a if hasattr(v, "shape")), None)
                 key, nbytes = (_name, tuple(first.shape) if first is not None else ()), 0

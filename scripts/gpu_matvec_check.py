@@ -5,8 +5,9 @@
 1. Correctness, per Q8_MATVEC type on odd shapes: nmse vs float64 dequantize(W) @ x on the activations the kernel
    sees (q8_1_reference; must be < NMSE_MATVEC) and on the exact activations (< NMSE_MATVEC_Q8). Exits 1 if any fails.
 2. Speed on weights larger than the 50 MB L2 (copies rotate, timed as CUDA-graph replays with CUDA events):
-   old (float activations) vs new (quantize_q8_1 + dp4a matvec), GB/s of weight bytes, then a sweep of
-   rows per warp x warps per row group of the new kernel, and the matvec time of one Llama-8B Q4_K_M token.
+   old (float activations) vs new (quantize_q8_1 + dp4a matvec, Q8_KERNEL's design: Q6_K "staged"), GB/s of
+   weight bytes, then a sweep of rows per warp x warps per row group of the new kernel, and the matvec time of
+   one Llama-8B Q4_K_M token. scripts/gpu_fused_check.py compares the Q6_K designs.
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ def bench(sweep: bool) -> None:
     import cupy
 
     from gpu_check import time_graph
-    from kernels_gpu.matmul import Q8_MATVEC, gpu_kernel, matmul, matvec_q8, q8_config, quantize_q8_1
+    from kernels_gpu.matmul import (Q6S_WARPS, Q8_KERNEL, Q8_MATVEC, gpu_kernel, matmul, matvec_q8, q8_config,
+                                    q8s_config, quantize_q8_1)
 
     print("\n=== speed: GB/s of weight bytes, one token, CUDA-graph replay over rotating copies (> L2)")
     head = (f"{'type':5s} {'shape':>12s} {'MB':>6s} | {'old us':>7s} {'GB/s':>5s} | {'new us':>7s} {'GB/s':>5s} "
@@ -106,7 +108,9 @@ def bench(sweep: bool) -> None:
         t_kern = time_graph([lambda w=w: matvec_q8(w, name, xq, xm, y) for w in ws])[0]
         t_quant = time_graph([lambda: quantize_q8_1(x) for _ in ws])[0]
         mb = w1.nbytes / 1e6
-        r, wp = q8_config(n_out, n_in // gpu_kernel(name).block_size * Q8_MATVEC[name])
+        n_blocks = n_in // gpu_kernel(name).block_size
+        r, wp = (q8s_config(n_out, n_blocks) if Q8_KERNEL[name] == "staged"
+                 else q8_config(n_out, n_blocks * Q8_MATVEC[name]))
         rows.append(f"{name:5s} {f'{n_out}x{n_in}':>12s} {mb:6.1f} | {t_old * 1e6:7.1f} {mb / t_old / 1e3:5.0f} | "
                     f"{t_new * 1e6:7.1f} {mb / t_new / 1e3:5.0f} {t_old / t_new:6.2f}x | {t_kern * 1e6:9.1f} "
                     f"{t_quant * 1e6:8.1f} | r{r}w{wp}")
@@ -117,6 +121,8 @@ def bench(sweep: bool) -> None:
             cells, best = [], (0.0, "")
             for rpw in (1, 2, 4):
                 for wpr in (1, 2, 4, 8):
+                    if Q8_KERNEL[name] == "staged" and (rpw > 2 or wpr > Q6S_WARPS):
+                        continue  # the staged kernel: 1-2 rows a warp, Q6S_WARPS warps a CTA
                     t = time_graph([lambda w=w: matvec_q8(w, name, xq, xm, y, wpr=wpr, rpw=rpw) for w in ws])[0]
                     cells.append(f"r{rpw}w{wpr}:{mb / t / 1e3:4.0f}")
                     best = max(best, (mb / t / 1e3, f"r{rpw}w{wpr}"))

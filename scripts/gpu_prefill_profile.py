@@ -20,8 +20,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-OPS = ("matmul", "get_rows", "rms_norm", "rms_norm_heads", "rope", "scale", "glu", "kv_store", "attention",
-       "from_host", "to_host")
+OPS = ("matmul", "matmuls", "get_rows", "rms_norm", "add_rms_norm", "rms_norm_heads", "rope", "scale", "glu", "kv_store",
+       "attention", "from_host", "to_host")
 
 
 def main() -> None:
@@ -62,6 +62,11 @@ def main() -> None:
                 w, x = args[0], args[1]
                 key = f"matmul {w.type_name} {w.shape[0]}x{w.shape[1]}"
                 flops[key] += 2.0 * w.shape[0] * w.shape[1] * x.shape[0]
+            elif name == "matmuls":  # e.g. "matmuls Q4_K 4096+1024+1024x4096" (types joined by / when mixed)
+                ws, x = args[0], args[1]
+                types = "/".join(dict.fromkeys(w.type_name for w in ws))
+                key = f"matmuls {types} {'+'.join(str(w.shape[0]) for w in ws)}x{ws[0].shape[1]}"
+                flops[key] += 2.0 * sum(w.shape[0] for w in ws) * ws[0].shape[1] * x.shape[0]
             times[key] += dt
             calls[key] += 1
             return out

@@ -9,7 +9,7 @@ import pytest
 from gguf_io.errors import UnsupportedQuantType
 from gguf_io.quantize_ref import quantize_q8_k_parts
 from kernels_cpu import act_quant, quant_dot_float
-from kernels_cpu.matmul import GEMM_MIN_TOKENS, KERNELS, matmul
+from kernels_cpu.matmul import GEMM_MIN_TOKENS, KERNELS, matmul, matmuls
 
 NAMES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
@@ -115,6 +115,37 @@ def test_batch_sizes_on_both_paths(name, n_tok):
     w64 = dequantize64(w, name)
     assert nmse(y, converted_activations(x, name) @ w64.T) < NMSE_TOL_SAME_ACT
     assert nmse(y, x.astype(np.float64) @ w64.T) < NMSE_TOL[name]
+
+
+# Several weights times one x (q/k/v, gate/up): K-quants and legacy types are fused per activation type, up to
+# three a pass (a fourth K-quant starts a second pass), float types go alone; each result must be matmul's own.
+MIXES = [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q5_0", "Q8_0", "Q4_K", "F16"),
+         ("Q4_K", "Q2_K", "Q3_K", "Q5_K", "IQ4_XS"), ("Q4_0", "Q4_1", "Q5_1", "IQ4_NL")]
+
+
+@pytest.mark.parametrize("n_tok", [1, 3, GEMM_MIN_TOKENS])
+@pytest.mark.parametrize("mix", MIXES, ids="+".join)
+def test_matmuls_equal_matmul_one_by_one(mix, n_tok):
+    rng = np.random.default_rng(7 + MIXES.index(mix))
+    n_in = 512
+    ws = [(random_weight(name, n_out, n_in, rng), name) for name, n_out in zip(mix, (53, 16, 37, 1, 70))]
+    x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+    got = matmuls(ws, x)
+    assert len(got) == len(ws)
+    for (w, name), y in zip(ws, got):
+        ref = matmul(w, name, x)
+        assert y.shape == ref.shape == (n_tok, w.shape[0])
+        np.testing.assert_array_equal(y, ref, err_msg=name)  # the same kernels on the same rows: bit-identical
+        assert nmse(y, converted_activations(x, name) @ dequantize64(w, name).T) < NMSE_TOL_SAME_ACT
+
+
+def test_matmuls_checks_every_weight():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    with pytest.raises(ValueError, match="features"):
+        matmuls([(random_weight("Q4_K", 4, 256, rng), "Q4_K"), (random_weight("Q4_K", 4, 512, rng), "Q4_K")], x)
+    with pytest.raises(UnsupportedQuantType):
+        matmuls([(random_weight("Q4_K", 4, 256, rng), "Q4_K"), (np.zeros((4, 8), np.uint8), "Q9_X")], x)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -19,7 +19,8 @@ from kernels_gpu import GPU_KERNELS  # noqa: E402
 from kernels_gpu import ops  # noqa: E402
 from kernels_gpu.attention import attention  # noqa: E402
 from kernels_gpu.kv_cache import alloc_kv_layer, kv_store  # noqa: E402
-from kernels_gpu.matmul import Q8_AUTO, Q8_MATVEC, dequantize, matmul, q8_1_reference, quantize_q8_1  # noqa: E402
+from kernels_gpu.matmul import (Q6S_WARPS, Q8_AUTO, Q8_KERNEL, Q8_MATVEC, Q8_STAGED, dequantize, matmul,  # noqa: E402
+                                 matvec_q8, q8_1_reference, quantize_q8_1)
 from kernels_gpu.module import MODULES, compile_all  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -181,9 +182,17 @@ def test_matvec_q8_warps_per_row(name, wpr):
     raw = random_weight(name, 45, 1280, rng)
     x = rng.standard_normal((1, 1280)).astype(np.float32)
     ref = ref_matmul_q8(raw, name, x)
-    for rpw in (1, 2, 4):
-        y = matmul(cupy.asarray(raw), name, cupy.asarray(x), path="matvec", wpr=wpr, rpw=rpw, q8=True).get()
-        assert nmse(y, ref) < NMSE_MATVEC, (rpw, wpr)
+    xq, xm = quantize_q8_1(cupy.asarray(x))
+    for kernel in ("warp", "staged") if name in Q8_STAGED else ("warp",):
+        for rpw in (1, 2, 4):
+            if kernel == "staged" and (rpw > 2 or wpr > Q6S_WARPS):  # 1-2 rows a warp, Q6S_WARPS warps a CTA
+                continue
+            y = cupy.full((1, 45), np.nan, dtype=cupy.float32)
+            matvec_q8(cupy.asarray(raw), name, xq, xm, y, wpr=wpr, rpw=rpw, kernel=kernel)
+            assert nmse(y.get(), ref) < NMSE_MATVEC, (kernel, rpw, wpr)
+            if Q8_KERNEL[name] == kernel:  # matmul's q8 path takes the default kernel
+                y = matmul(cupy.asarray(raw), name, cupy.asarray(x), path="matvec", wpr=wpr, rpw=rpw, q8=True)
+                assert nmse(y.get(), ref) < NMSE_MATVEC, (rpw, wpr)
 
 
 @pytest.mark.parametrize("name", TYPES)

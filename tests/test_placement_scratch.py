@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid.placement import GEMM_CHUNK_ELEMENTS, GEMM_MIN_TOKENS, POOL_UNIT, plan, scratch_bytes
+from hybrid.placement import GEMM_CHUNK_ELEMENTS, GEMM_MIN_TOKENS, GEMM_STACK_ELEMENTS, POOL_UNIT, plan, scratch_bytes
 from hybrid.sizes import GiB, MiB
 from test_placement import LLAMA_8B, QWEN_32B, make_config, model
 
@@ -75,13 +75,8 @@ class PoolModel:
         self.free_chunks.add(c)
 
 
-def _matmul(pool: PoolModel, t: int, n_in: int, n_out: int):
-    """kernels_gpu.matmul of a quantized weight: the output, then (prefill) x as fp16 and the weight's fp16 chunks,
-    each made before the previous one is dropped; x16 and the last chunk go when _gemm returns."""
-    y = pool.malloc(4 * t * n_out)
-    if t < GEMM_MIN_TOKENS:
-        return y
-    x16 = pool.malloc(2 * t * n_in)
+def _chunks(pool: PoolModel, n_in: int, n_out: int) -> None:
+    """kernels_gpu.matmul._gemm's fp16 chunks of a weight, each made before the previous one is dropped."""
     rows = max(128, GEMM_CHUNK_ELEMENTS // n_in // 128 * 128)
     chunk = None
     for r0 in range(0, n_out, rows):
@@ -89,9 +84,44 @@ def _matmul(pool: PoolModel, t: int, n_in: int, n_out: int):
         if chunk is not None:
             pool.free(chunk)
         chunk = new
-    pool.free(x16)
     pool.free(chunk)
+
+
+def _matmul(pool: PoolModel, t: int, n_in: int, n_out: int):
+    """kernels_gpu.matmul of a quantized weight: the output, then (prefill) x as fp16 and the weight's fp16 chunks;
+    x16 and the last chunk go when _gemm returns."""
+    y = pool.malloc(4 * t * n_out)
+    if t < GEMM_MIN_TOKENS:
+        return y
+    x16 = pool.malloc(2 * t * n_in)
+    _chunks(pool, n_in, n_out)
+    pool.free(x16)
     return y
+
+
+def _matmuls(pool: PoolModel, t: int, n_in: int, n_outs: tuple[int, ...]) -> list:
+    """kernels_gpu.matmul.matmul_many of quantized weights (GpuBackend.matmuls). Prefill makes x16 once; stacked
+    (n_outs x n_in at most GEMM_STACK_ELEMENTS): the (t, sum) product and one reused scratch chunk, which goes
+    with x16 before the per-weight copies are made, and the product after them; else per weight the output and
+    its chunks, x16 last."""
+    if t < GEMM_MIN_TOKENS:
+        return [pool.malloc(4 * t * n) for n in n_outs]
+    x16 = pool.malloc(2 * t * n_in)
+    total = sum(n_outs)
+    if len(n_outs) >= 2 and total * n_in <= GEMM_STACK_ELEMENTS:
+        product = pool.malloc(4 * t * total)
+        scratch = pool.malloc(2 * min(total, max(128, GEMM_CHUNK_ELEMENTS // n_in // 128 * 128)) * n_in)
+        pool.free(scratch)
+        pool.free(x16)
+        outs = [pool.malloc(4 * t * n) for n in n_outs]
+        pool.free(product)
+        return outs
+    outs = []
+    for n in n_outs:
+        outs.append(pool.malloc(4 * t * n))
+        _chunks(pool, n_in, n)
+    pool.free(x16)
+    return outs
 
 
 def _layer(pool: PoolModel, cfg, t: int, x, bias: bool):
@@ -99,7 +129,7 @@ def _layer(pool: PoolModel, cfg, t: int, x, bias: bool):
     hd = cfg.n_embd_head_k
     nq, nk = cfg.n_head * hd, cfg.n_head_kv * hd
     h = pool.malloc(4 * t * cfg.n_embd)  # attn_norm
-    q, k, v = _matmul(pool, t, cfg.n_embd, nq), _matmul(pool, t, cfg.n_embd, nk), _matmul(pool, t, cfg.n_embd, nk)
+    q, k, v = _matmuls(pool, t, cfg.n_embd, (nq, nk, nk))
     if bias:  # (t + bias for t in (q, k, v)): the three sums are made before q, k, v are dropped
         sums = [pool.malloc(4 * t * n) for n in (nq, nk, nk)]
         for old in (q, k, v):
@@ -112,7 +142,7 @@ def _layer(pool: PoolModel, cfg, t: int, x, bias: bool):
     x1 = pool.malloc(4 * t * cfg.n_embd)  # x + a
     h2 = pool.malloc(4 * t * cfg.n_embd)  # ffn_norm
     pool.free(h)
-    g, u = _matmul(pool, t, cfg.n_embd, cfg.n_ff), _matmul(pool, t, cfg.n_embd, cfg.n_ff)
+    g, u = _matmuls(pool, t, cfg.n_embd, (cfg.n_ff, cfg.n_ff))
     act = pool.malloc(4 * t * cfg.n_ff)  # glu
     d = _matmul(pool, t, cfg.n_ff, cfg.n_embd)
     for buf in (g, u, act):
@@ -170,17 +200,17 @@ def test_estimate_by_hand():
     a, pos = 32768, 512  # 32 positions x 4 B, rounded up to 512
     # output layer: x, normed x, logits 32 x 1000 x 4, fp16 x 32 x 256 x 2, one fp16 chunk 1000 x 256 x 2
     assert s.logits == pos + 2 * a + (128000 + 16384 + 512000) == 722432
-    # FFN down: x, x + attn, attn, normed (4 A), gate, up, act (3 x 32 x 512 x 4), out A, fp16 x 32 x 512 x 2,
-    # the chunk 256 x 512 x 2
-    assert s.activations == pos + 4 * a + 3 * 65536 + (a + 32768 + 262144) == 655872
-    assert s.peak == 722432 and s.total == 722432 + s.slack
-    assert s.slack == 512 * 256 * 2  # the largest weight chunk of a layer: ffn_gate/up (512 x 256) as fp16
+    # gate/up, stacked (2 x 512 x 256 <= GEMM_STACK_ELEMENTS): x, x + attn, attn, normed (4 A), fp16 x 32 x 256 x 2,
+    # the product 32 x 1024 x 4, the scratch 1024 x 256 x 2 (FFN down: 4 A + 3 x 65536 + A + 32768 + 262144 less)
+    assert s.activations == pos + 4 * a + (16384 + 131072 + 524288) == 803328
+    assert s.peak == 803328 and s.total == 803328 + s.slack
+    assert s.slack == 1024 * 256 * 2  # the largest block of a layer: the stacked gate/up scratch
     assert scratch_bytes(cfg, 4096, 32, True, 1).activations == 0  # the output layer alone
     assert scratch_bytes(cfg, 4096, 32, True, 0).total == 0
     assert scratch_bytes(cfg, 20, 32, True, 5) == scratch_bytes(cfg, 20, 20, True, 5)  # a ubatch never exceeds n_ctx
-    # without flash attention the KQ scores (32 x 4 heads x n_kv) sit in the attention set: 32 x 4 x 8192 x 4
-    no_fa = scratch_bytes(cfg, 8192, 32, False, 5, 8192)
-    assert no_fa.activations == pos + 2 * a + (a + 2 * 16384) + a + 32 * 4 * 8192 * 4
+    # without flash attention the KQ scores (32 x 4 heads x n_kv) sit in the attention set: 32 x 4 x 16384 x 4
+    no_fa = scratch_bytes(cfg, 16384, 32, False, 5, 16384)
+    assert no_fa.activations == pos + 2 * a + (a + 2 * 16384) + a + 32 * 4 * 16384 * 4
     # one token (decode): no GEMM staging
     assert scratch_bytes(cfg, 4096, 1, True, 5).logits == 512 + 2 * 1024 + 4000 + 96
 
@@ -218,3 +248,4 @@ def test_mirrored_gemm_constants_match_the_gpu_kernels():
 
     assert GEMM_MIN_TOKENS == gpu_matmul.GEMM_MIN_TOKENS
     assert GEMM_CHUNK_ELEMENTS == gpu_matmul.GEMM_CHUNK_ELEMENTS
+    assert GEMM_STACK_ELEMENTS == gpu_matmul.GEMM_STACK_ELEMENTS

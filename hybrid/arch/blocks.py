@@ -1,6 +1,8 @@
 """Shared blocks (norm, attention, FFN, MoE FFN) written once against the backend interface.
 
-A backend provides: matmul(Weight, x), get_rows(Weight, ids), rms_norm(x, w, eps), rms_norm_heads(x, w, eps),
+A backend provides: matmul(Weight, x), matmuls(weights, x) (several weights times one x: q/k/v, gate/up; a backend
+may run them as one pass), get_rows(Weight, ids), rms_norm(x, w, eps), add_rms_norm(x, a, w, eps) (x + a
+and its norm, one pass where the backend can), rms_norm_heads(x, w, eps),
 rope(x, positions, n_rot, base, scale, mode), kv_store(kv, il, k, v, positions),
 attention(q, kv, il, positions, scale, n_swa), glu(gate, up, act), scale(x, s), take_rows(x, rows), zeros(shape),
 scatter_add(out, rows, y, weights), to_host(x), from_host(x).
@@ -24,8 +26,7 @@ def layer_forward(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], i
     a = attention_block(be, spec, cfg, lw, il, h, positions, kv)
     if spec.sandwich_norm:
         a = be.rms_norm(a, lw["post_attention_norm"].raw, eps)
-    x = x + a
-    h = be.rms_norm(x, lw["ffn_norm"].raw, eps)
+    x, h = be.add_rms_norm(x, a, lw["ffn_norm"].raw, eps)  # x + a, and its norm
     f = moe_ffn(be, spec, cfg, lw, h) if spec.moe else ffn(be, spec, lw, h)
     if spec.sandwich_norm:
         f = be.rms_norm(f, lw["post_ffw_norm"].raw, eps)
@@ -43,9 +44,8 @@ def attention_block(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight],
                     h: np.ndarray, positions: np.ndarray, kv) -> np.ndarray:
     n = h.shape[0]
     hd_k, hd_v = cfg.n_embd_head_k, cfg.n_embd_head_v
-    q = be.matmul(lw["attn_q"], h)  # (n, n_head*hd_k)
-    k = be.matmul(lw["attn_k"], h)  # (n, n_head_kv*hd_k)
-    v = be.matmul(lw["attn_v"], h)  # (n, n_head_kv*hd_v)
+    # (n, n_head*hd_k), (n, n_head_kv*hd_k), (n, n_head_kv*hd_v)
+    q, k, v = be.matmuls((lw["attn_q"], lw["attn_k"], lw["attn_v"]), h)
     if spec.qkv_bias:
         q, k, v = (t + lw[f"{name}.bias"].raw for t, name in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")))
     q = q.reshape(n, cfg.n_head, hd_k)
@@ -67,8 +67,7 @@ def attention_block(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight],
 
 
 def ffn(be, spec: ArchSpec, lw: dict[str, Weight], h: np.ndarray) -> np.ndarray:
-    g = be.matmul(lw["ffn_gate"], h)
-    u = be.matmul(lw["ffn_up"], h)
+    g, u = be.matmuls((lw["ffn_gate"], lw["ffn_up"]), h)
     return be.matmul(lw["ffn_down"], be.glu(g, u, spec.ffn_act))
 
 
@@ -93,8 +92,7 @@ def moe_ffn(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], h: np.n
     for e in np.unique(ids):
         rows, slot = np.nonzero(ids == e)
         xe = be.take_rows(h, rows)
-        g = be.matmul(lw["ffn_gate_exps"].expert(int(e)), xe)
-        u = be.matmul(lw["ffn_up_exps"].expert(int(e)), xe)
+        g, u = be.matmuls((lw["ffn_gate_exps"].expert(int(e)), lw["ffn_up_exps"].expert(int(e))), xe)
         d = be.matmul(lw["ffn_down_exps"].expert(int(e)), be.glu(g, u, spec.ffn_act))
         be.scatter_add(out, rows, d, w[rows, slot])
     return out
