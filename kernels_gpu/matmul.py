@@ -27,9 +27,10 @@ MATVEC_DEFINES: tuple[tuple[str, int], ...] = ()  # -D flags of the matvec modul
 MATVEC_Q8 = True  # default of matmul(q8=None): one-token matvecs of Q8_AUTO types on q8 activations + dp4a
 Q8_MATVEC: dict[str, int] = {"Q4_K": 4, "Q6_K": 4}  # type -> parts a block (threads) in matvec_q8.cu
 # The types whose one-token matvec takes the q8 path by default: measured on the H200 (scripts/gpu_matvec_check.py,
-# weights beyond L2), Q4_K's q8 kernel streams 1.5-2.2x faster than the float one on 4096- to 14336-row matrices;
-# Q6_K's is 0.6-0.7x of its float kernel, so Q6_K keeps the float kernel unless asked (q8=True).
-Q8_AUTO = frozenset({"Q4_K"})
+# scripts/gpu_fused_check.py, weights beyond L2), Q4_K's q8 kernel streams 1.5-2.2x faster than the float one on
+# 4096- to 14336-row matrices; Q6_K's staged q8 kernel 1.15-1.4x on 4096x14336 and 1.27x on 14336x4096 (0.91x on
+# 1024x4096, a few microseconds a token).
+Q8_AUTO = frozenset({"Q4_K", "Q6_K"})
 Q8_BLOCK = 32  # activations per q8 scale
 # The q8 kernel design per type (matvec_q8's `kernel`): "warp" = matvec_q8.cu (each lane loads its part of a block in
 # place), "staged" = matvec_q8_staged.cu (a warp copies 8 whole blocks a row to shared memory with 16-byte
@@ -267,16 +268,13 @@ def q8_config(n_out: int, items_per_row: int, rpw: int | None = None) -> tuple[i
 
 
 def q8s_config(n_out: int, n_blocks: int, rpw: int | None = None) -> tuple[int, int]:
-    """(rows per warp, warps per row group) of the staged q8 kernel (matvec_q8_staged.cu), before any device sweep
-    (scripts/gpu_fused_check.py prints one): 2 rows a warp from 4096 rows, 1 below; warps split a row's chunks of
-    Q6S_NB blocks while fewer than 4096 warps are in flight and each keeps >= 2 chunks."""
+    """(rows per warp, warps per row group) of the staged q8 kernel (matvec_q8_staged.cu), from the H200 sweep of
+    scripts/gpu_fused_check.py (Q6_K): 4096x14336 best r2w4 (2162 GB/s; r2w2 1766), 14336x4096 r2w1 (2252),
+    1024x4096 r2w2 (790): long rows (>= 32 blocks) take 4 warps a row group, short ones 1 from 4096 rows, else 2."""
     if rpw is None:
-        rpw = 2 if n_out >= 4096 else 1
-    groups, chunks = -(-n_out // rpw), -(-n_blocks // Q6S_NB)
-    wpr = 1
-    while wpr < Q6S_WARPS and groups * wpr < 4096 and chunks >= 2 * wpr * 2:
-        wpr *= 2
-    return rpw, wpr
+        rpw = 2
+    wpr = 4 if n_blocks >= 32 else 1 if n_out >= 4096 else 2
+    return rpw, min(wpr, Q6S_WARPS)
 
 
 def _check_q8_act(xq, xm, n_in: int) -> None:
