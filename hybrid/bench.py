@@ -88,8 +88,8 @@ def run_bench(engine: Engine, tests: list[BenchTest], repetitions: int, warmup: 
     """One BenchResult per test, each with `repetitions` timed samples after an untimed warm-up run."""
     rng = np.random.default_rng(1234)
     for test in tests:
-        if warmup:
-            _run_once(engine, BenchTest(min(test.n_prompt, 32), min(test.n_gen, 4)), rng)
+        if warmup:  # as llama-bench: the whole prompt (first-use costs of its buffer sizes), a few generated tokens
+            _run_once(engine, BenchTest(test.n_prompt, min(test.n_gen, 4)), rng)
         result = BenchResult(test)
         for _ in range(repetitions):
             result.samples_ns.append(_run_once(engine, test, rng))

@@ -224,15 +224,16 @@ class Engine:
         for s in range(0, n, ub):
             e = min(n, s + ub)
             positions = np.arange(cache.n_past + s, cache.n_past + e, dtype=np.int32)
-            h = self._layers(tokens[s:e], positions, cache)
+            h, where = self._layers(tokens[s:e], positions, cache)  # h stays on the last layer's device
             lo = max(first, s)
             if lo < e:
-                out.append(self._logits(h[lo - s :]))
+                out.append(self._logits(h[lo - s :], where))
         cache.n_past += n
         logits = np.concatenate(out, axis=0)
         return logits[-1] if logits_from is None else logits
 
-    def _layers(self, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
+    def _layers(self, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> tuple:
+        """The layers over one micro-batch -> (hidden states, the backend holding them)."""
         off = self.op_offload
         if off is not None and off.wants(len(tokens)):  # the CPU layers on the GPU, their weights streamed
             with off.batch(self.backends, self.weights.layers) as (backends, layers):
@@ -240,7 +241,7 @@ class Engine:
         return self._run_layers(tokens, positions, cache, self.backends, self.weights.layers)
 
     def _run_layers(self, tokens: np.ndarray, positions: np.ndarray, cache: KVCache, backends: list,
-                    layers: list) -> np.ndarray:
+                    layers: list) -> tuple:
         cfg, spec = self.config, self.spec
         x = self._cpu.get_rows(self.weights.token_embd, tokens)  # (n, n_embd), the embedding stays on the CPU
         if spec.embd_scale:
@@ -251,15 +252,24 @@ class Engine:
                 x = be.from_host(prev.to_host(x) if prev is not None else x)
                 prev = be
             x = layer_forward(be, spec, cfg, layers[il], il, x, positions, cache)
-        return prev.to_host(x) if prev is not None else x
+        return x, (prev if prev is not None else self._cpu)
 
-    def _logits(self, h: np.ndarray) -> np.ndarray:
+    def _logits(self, h, where) -> np.ndarray:
+        """Logits of hidden states h held by backend `where`; they cross to the host only if the output layer's
+        backend is not on the same device (GPU backends, op offload's included, share the device's arrays)."""
         head = {"output": self.weights.output, "output_norm": self.weights.output_norm}
         off = self.op_offload
         if off is not None and off.wants(h.shape[0]):  # a CPU output layer on the GPU, streamed
             with off.batch([self.output_backend], [head]) as ([be], [head]):
-                return self._head(be, head, h)
-        return self._head(self.output_backend, head, h)
+                return self._head(be, head, self._move(h, where, be))
+        return self._head(self.output_backend, head, self._move(h, where, self.output_backend))
+
+    @staticmethod
+    def _move(x, src, dst):
+        """x from backend src to backend dst: through the host unless both keep arrays on the GPU."""
+        if src is dst or (src.name.startswith("gpu") and dst.name.startswith("gpu")):
+            return x
+        return src.to_host(x)
 
     def _head(self, be, head: dict, h: np.ndarray) -> np.ndarray:
         h = be.rms_norm(be.from_host(h), head["output_norm"].raw, self.config.f_norm_rms_eps)

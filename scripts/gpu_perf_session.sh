@@ -5,7 +5,9 @@
 #   bash scripts/gpu_perf_session.sh [PHASES]   PHASES: comma list of tests,check,bench,split,profile (default all)
 set -u
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/gpu_perf_out}; mkdir -p "$OUT"
+FINAL=${OUT:-/tmp/gpu_perf_out}  # the device tool brings back 8 files at most: logs go to a work folder, then
+OUT=/tmp/gpu_perf_work             # a tarball of them all goes to $FINAL
+rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl 2>/dev/null
 fi
@@ -44,4 +46,5 @@ if has profile; then
   step cpu_decode_profile 90 22 python3 scripts/cpu_decode_profile.py "$MODEL" -t 16 -n 16
 fi
 stamp done
+tar -czf "$FINAL/logs.tar.gz" -C "$OUT" .
 grep -h "^|" "$OUT"/bench_*.txt 2>/dev/null
