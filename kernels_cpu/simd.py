@@ -374,7 +374,7 @@ def store_scaled(typingctx, a, off, v, s0, b0, s1, b1):
 # -- test helpers: vectors from and to arrays ----------------------------------------------------------------
 @intrinsic
 def load_i16x16(typingctx, a, off):
-    """a[off:off+16] of an int16 array (tests)."""
+    """a[off:off+16] of an int16 array (the Q8_K block sums; tests)."""
     if not (isinstance(a, types.Array) and a.dtype == types.int16 and isinstance(off, types.Integer)):
         return None
 

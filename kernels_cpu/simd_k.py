@@ -114,3 +114,19 @@ def sub_i16(typingctx, a, b):
     def codegen(context, builder, sig, args):
         return builder.sub(args[0], args[1])
     return I16x16(a, b), codegen
+
+
+@intrinsic
+def mins_pairs_from_u64(typingctx, v):
+    """The 8 bytes of v (little-endian, unsigned) as int16 lanes, each twice: lanes 2g and 2g + 1 = byte g, to
+    multiply-add (vpmaddwd) with the 16 sums of 16 activations of a Q8_K block: lane g of the result is then
+    min_g * (the sum of sub-block g's 32 activations), exactly (6-bit mins, |sums| <= 2 * 16 * 127)."""
+    if not isinstance(v, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = context.cast(builder, args[0], sig.args[0], types.uint64)
+        bytes8 = builder.bitcast(x, ir.VectorType(_I8, 8))
+        pairs = ir_shuffle(builder, bytes8, bytes8, [g // 2 for g in range(16)])
+        return builder.zext(pairs, _V16x16)
+    return I16x16(v), codegen

@@ -5,7 +5,8 @@ Per 32 weights the codes are unpacked into one 32-byte vector (`simd`), multipli
 (vpmaddubsw) and by their sub-block's integer scale (vpmaddwd with the scale in each 16-bit lane: one scale per
 32, or two per 32 for the 16-element sub-blocks of Q2_K, Q3_K, Q6_K), summed exactly in int32 lanes per
 super-block and accumulated in float32 with d_w * d_x. The mins of Q2_K, Q4_K, Q5_K use the Q8_K block's
-16-element sums: y -= dmin * d_x * sum_g min_g * bsums_g, in integers up to that last product.
+16-element sums: y -= dmin * d_x * sum_g min_g * bsums_g; for Q4_K/Q5_K as ggml's AVX2 kernels, one vpmaddwd of the
+8 mins with the sums per block, accumulated in float lanes (Q2_K: in integers up to that last product).
 Signed codes (Q3_K, Q6_K q-32, IQ4_XS levels) go through |q| and sign(q) * q8 like ggml.
 
 Activations: xq int8 (n_tok, n_in), xd float32 (n_tok, n_in/256), bsums int16 (n_tok, n_in/16).
@@ -16,12 +17,12 @@ import numpy as np
 from numba import njit, prange
 
 from kernels_cpu.sched import next_task
-from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32, load_nib16, load_u32, prefetch,
-                              store_scaled, zero_f32)
+from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32, load_i16x16, load_nib16, load_u32,
+                              prefetch, store_scaled, zero_f32)
 from kernels_cpu.simd_int import (abs_i8, add_i32, addc_i8, and_i8, lut16_i8, madd, maddubs, or_i8, shl_i8, shr_i8,
                                   sign_i8, splat2_i16, splat_i16, zero_i32)
-from kernels_cpu.simd_k import (K4_SCALE_SHUF, K6_SCALE_SHUF, maddubs_32, scales_from_u64, scales_i8x8, shuffle_scales,
-                                sub_i16)
+from kernels_cpu.simd_k import (K4_SCALE_SHUF, K6_SCALE_SHUF, maddubs_32, mins_pairs_from_u64, scales_from_u64,
+                                scales_i8x8, shuffle_scales, sub_i16)
 from kernels_cpu.vec_dot_legacy import KVALUES_IQ4NL
 
 QK_K = 256
@@ -216,73 +217,62 @@ def dot2_q3_k(w, wo, rb, xq, xd, bsums, nb):
 @njit(cache=True, fastmath=True)
 def dot2_q4_k(w, wo, rb, xq, xd, bsums, nb):
     a0, a1 = zero_f32(), zero_f32()
-    m0, m1 = np.float32(0.0), np.float32(0.0)
     for i in range(nb):
         o, xb, dx = wo + i * 144, i * QK_K, xd[i]
         sc0, mn0 = scales_mins_k4(w, o)
         sc1, mn1 = scales_mins_k4(w, o + rb)
         v0, v1 = scales_from_u64(sc0), scales_from_u64(sc1)  # the 8 scales in a register, shuffled per sub-block
+        bs = load_i16x16(bsums, 16 * i)  # the block's 16 sums of 16 activations, shared by both rows
         s0, s1 = zero_i32(), zero_i32()
-        i0, i1 = 0, 0
         for j in range(4):  # sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
             if j < 3:  # each row's own stream, PREFETCH_BYTES ahead: 3 lines of its 144 bytes
                 prefetch(w, o + PREFETCH_BYTES + 64 * j)
                 prefetch(w, o + rb + PREFETCH_BYTES + 64 * j)
             xl, xh = load_i8x32(xq, xb + 64 * j), load_i8x32(xq, xb + 64 * j + 32)
-            b0 = np.int32(bsums[16 * i + 4 * j]) + np.int32(bsums[16 * i + 4 * j + 1])
-            b1 = np.int32(bsums[16 * i + 4 * j + 2]) + np.int32(bsums[16 * i + 4 * j + 3])
             q = load_i8x32(w, o + 16 + 32 * j)
             s0 = add_i32(s0, madd(maddubs(and_i8(q, 15), xl), shuffle_scales(v0, K4_SCALE_SHUF, 2 * j)))
             s0 = add_i32(s0, madd(maddubs(shr_i8(q, 4), xh), shuffle_scales(v0, K4_SCALE_SHUF, 2 * j + 1)))
-            i0 += ((mn0 >> (16 * j)) & 255) * b0 + ((mn0 >> (16 * j + 8)) & 255) * b1
             q = load_i8x32(w, o + rb + 16 + 32 * j)
             s1 = add_i32(s1, madd(maddubs(and_i8(q, 15), xl), shuffle_scales(v1, K4_SCALE_SHUF, 2 * j)))
             s1 = add_i32(s1, madd(maddubs(shr_i8(q, 4), xh), shuffle_scales(v1, K4_SCALE_SHUF, 2 * j + 1)))
-            i1 += ((mn1 >> (16 * j)) & 255) * b0 + ((mn1 >> (16 * j + 8)) & 255) * b1
         a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o) * dx)
         a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb) * dx)
-        # the min term in scalar integers, in this loop: a vector multiply-add gives the same integer, but LLVM
-        # then contracts the float update below differently (1 ulp), which moved a greedy step of the Gemma
-        # golden test off llama.cpp's top-5
-        m0 += load_f16(w, o + 2) * dx * np.float32(i0)
-        m1 += load_f16(w, o + rb + 2) * dx * np.float32(i1)
-    return hsum_f32(a0) - m0, hsum_f32(a1) - m1
+        # the min terms, - dmin * d_x * sum_g min_g * bsum_g, into the same float lanes (g)
+        a0 = fma_f32(a0, cvt_f32(madd(mins_pairs_from_u64(mn0), bs)), -(load_f16(w, o + 2) * dx))
+        a1 = fma_f32(a1, cvt_f32(madd(mins_pairs_from_u64(mn1), bs)), -(load_f16(w, o + rb + 2) * dx))
+    return hsum_f32(a0), hsum_f32(a1)
 
 
 @njit(cache=True, fastmath=True)
 def dot2_q5_k(w, wo, rb, xq, xd, bsums, nb):
     a0, a1 = zero_f32(), zero_f32()
-    m0, m1 = np.float32(0.0), np.float32(0.0)
     for i in range(nb):
         o, xb, dx = wo + i * 176, i * QK_K, xd[i]
         sc0, mn0 = scales_mins_k4(w, o)
         sc1, mn1 = scales_mins_k4(w, o + rb)
+        bs = load_i16x16(bsums, 16 * i)
         s0, s1 = zero_i32(), zero_i32()
-        i0, i1 = 0, 0
         for j in range(4):  # sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
             if j < 3:  # each row's own stream: 3 lines of its 176 bytes
                 prefetch(w, o + PREFETCH_BYTES + 64 * j)
                 prefetch(w, o + rb + PREFETCH_BYTES + 64 * j)
             xl, xh = load_i8x32(xq, xb + 64 * j), load_i8x32(xq, xb + 64 * j + 32)
-            b0 = np.int32(bsums[16 * i + 4 * j]) + np.int32(bsums[16 * i + 4 * j + 1])
-            b1 = np.int32(bsums[16 * i + 4 * j + 2]) + np.int32(bsums[16 * i + 4 * j + 3])
             q, qh = load_i8x32(w, o + 48 + 32 * j), load_i8x32(w, o + 16)
             lo = or_i8(and_i8(q, 15), shl_i8(and_i8(shr_i8(qh, 2 * j), 1), 4))
             hi = or_i8(shr_i8(q, 4), shl_i8(and_i8(shr_i8(qh, 2 * j + 1), 1), 4))
             s0 = add_i32(s0, madd(maddubs(lo, xl), splat_i16((sc0 >> (16 * j)) & 255)))
             s0 = add_i32(s0, madd(maddubs(hi, xh), splat_i16((sc0 >> (16 * j + 8)) & 255)))
-            i0 += ((mn0 >> (16 * j)) & 255) * b0 + ((mn0 >> (16 * j + 8)) & 255) * b1
             q, qh = load_i8x32(w, o + rb + 48 + 32 * j), load_i8x32(w, o + rb + 16)
             lo = or_i8(and_i8(q, 15), shl_i8(and_i8(shr_i8(qh, 2 * j), 1), 4))
             hi = or_i8(shr_i8(q, 4), shl_i8(and_i8(shr_i8(qh, 2 * j + 1), 1), 4))
             s1 = add_i32(s1, madd(maddubs(lo, xl), splat_i16((sc1 >> (16 * j)) & 255)))
             s1 = add_i32(s1, madd(maddubs(hi, xh), splat_i16((sc1 >> (16 * j + 8)) & 255)))
-            i1 += ((mn1 >> (16 * j)) & 255) * b0 + ((mn1 >> (16 * j + 8)) & 255) * b1
         a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o) * dx)
         a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb) * dx)
-        m0 += load_f16(w, o + 2) * dx * np.float32(i0)
-        m1 += load_f16(w, o + rb + 2) * dx * np.float32(i1)
-    return hsum_f32(a0) - m0, hsum_f32(a1) - m1
+        # the min terms, - dmin * d_x * sum_g min_g * bsum_g, into the same float lanes (g)
+        a0 = fma_f32(a0, cvt_f32(madd(mins_pairs_from_u64(mn0), bs)), -(load_f16(w, o + 2) * dx))
+        a1 = fma_f32(a1, cvt_f32(madd(mins_pairs_from_u64(mn1), bs)), -(load_f16(w, o + rb + 2) * dx))
+    return hsum_f32(a0), hsum_f32(a1)
 
 
 @njit(inline="always")
@@ -388,15 +378,16 @@ def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, bsums, y, nb):
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def matmul_q8_k_act(w0, w1, w2, k0, k1, k2, xq, xd, bsums, y0, y1, y2, rows_per_task, n_threads, counter):
+def matmul_q8_k_act(w0, w1, w2, k0, k1, k2, xq, xd, bsums, y0, y1, y2, rows_per_task, rows_per_block, n_threads, counter):
     """y_m[t, r] = row r of w_m . token t for up to three weights times the same tokens (q/k/v, gate/up), for n_tok
     small enough that integer dots beat the float GEMM; an unused slot is a weight of 0 rows.
 
     w_m: uint8 (n_out_m, row_bytes_m) raw super-blocks of type k_m; xq/xd/bsums: Q8_K activations (module
     docstring); y_m: float32 (n_tok, n_out_m); n_threads: numba.get_num_threads(); counter:
     kernels_cpu.sched.new_counter(). Tasks of `rows_per_task`
-    rows (which stay in L1 while every token passes), first all of w0's, then w1's, then w2's, are claimed one at
-    a time by the threads, so one parallel region serves all three.
+    contiguous rows, first all of w0's, then w1's, then w2's, are claimed one at a time by the threads (one parallel
+    region serves all three); a task runs its rows in blocks of `rows_per_block`, which stay in L1 while every
+    token passes.
     """
     n_tok, n_in = xq.shape
     nb = n_in // QK_K
@@ -417,8 +408,10 @@ def matmul_q8_k_act(w0, w1, w2, k0, k1, k2, xq, xd, bsums, y0, y1, y2, rows_per_
                 w, kind, y, r0 = f2, k2, y2, (task - t0 - t1) * rows_per_task
                 n_out, row_bytes = w2.shape
             r1 = min(n_out, r0 + rows_per_task)
-            for t in range(n_tok):
-                rows_dot(kind, w, row_bytes, r0, r1, xq[t], xd[t], bsums[t], y[t], nb)
+            for b0 in range(r0, r1, rows_per_block):  # blocks of rows stay in L1 while every token passes
+                b1 = min(r1, b0 + rows_per_block)
+                for t in range(n_tok):
+                    rows_dot(kind, w, row_bytes, b0, b1, xq[t], xd[t], bsums[t], y[t], nb)
             task = next_task(counter)
 
 

@@ -220,15 +220,16 @@ def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, xs, y, nb):
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def matmul_q8_0_act(w0, w1, w2, k0, k1, k2, xq, xd, y0, y1, y2, rows_per_task, n_threads, counter):
+def matmul_q8_0_act(w0, w1, w2, k0, k1, k2, xq, xd, y0, y1, y2, rows_per_task, rows_per_block, n_threads, counter):
     """y_m[t, r] = row r of w_m . token t for up to three weights times the same tokens (q/k/v, gate/up), for n_tok
     small enough that integer dots beat the float GEMM; an unused slot is a weight of 0 rows.
 
     w_m: uint8 (n_out_m, row_bytes_m) raw blocks of type k_m; xq/xd: Q8_0 activations (module docstring);
     y_m: float32 (n_tok, n_out_m); n_threads: numba.get_num_threads(); counter:
-    kernels_cpu.sched.new_counter(). Tasks of `rows_per_task` rows (which
-    stay in L1 while every token passes), first all of w0's, then w1's, then w2's, are claimed one at a time by the
-    threads, so one parallel region serves all three.
+    kernels_cpu.sched.new_counter(). Tasks of `rows_per_task`
+    contiguous rows, first all of w0's, then w1's, then w2's, are claimed one at a time by the threads (one parallel
+    region serves all three); a task runs its rows in blocks of `rows_per_block`, which stay in L1 while every
+    token passes.
     """
     n_tok, n_in = xq.shape
     nb = n_in // QK
@@ -256,8 +257,10 @@ def matmul_q8_0_act(w0, w1, w2, k0, k1, k2, xq, xd, y0, y1, y2, rows_per_task, n
                 w, kind, y, r0 = f2, k2, y2, (task - t0 - t1) * rows_per_task
                 n_out, row_bytes = w2.shape
             r1 = min(n_out, r0 + rows_per_task)
-            for t in range(n_tok):
-                rows_dot(kind, w, row_bytes, r0, r1, xq[t], xd[t], xs[t], y[t], nb)
+            for b0 in range(r0, r1, rows_per_block):  # blocks of rows stay in L1 while every token passes
+                b1 = min(r1, b0 + rows_per_block)
+                for t in range(n_tok):
+                    rows_dot(kind, w, row_bytes, b0, b1, xq[t], xd[t], xs[t], y[t], nb)
             task = next_task(counter)
 
 
