@@ -250,13 +250,18 @@ def _compile_kops():
             xv = s.load_i8x32(x, 32 * i)
             s.store_i16x16(out, 16 * i, k.sub_i16(si.maddubs(s.load_i8x32(q, 32 * i), xv), k.maddubs_32(xv)))
 
-    return shuffles, signed_scales, q6_dot
+    @njit
+    def mins_terms(words, bs, out):  # Q4_K/Q5_K: madd of the 8 mins (each twice) with a block's 16 sums
+        for i in range(words.shape[0]):
+            s.store_i32x8(out, 8 * i, si.madd(k.mins_pairs_from_u64(words[i]), s.load_i16x16(bs, 16 * i)))
+
+    return shuffles, signed_scales, q6_dot, mins_terms
 
 
 def test_k_scale_shuffles_and_q6_offsets(kops):
     from kernels_cpu import simd_k as k
 
-    shuffles, signed_scales, q6_dot = kops
+    shuffles, signed_scales, q6_dot, mins_terms = kops
     rng = np.random.default_rng(5)
     words = rng.integers(0, 1 << 63, 40, dtype=np.int64)
     words[0] = -1  # every byte 255
@@ -280,3 +285,10 @@ def test_k_scale_shuffles_and_q6_offsets(kops):
     q6_dot(q, x, got16)
     prod = (q.astype(np.int64) - 32) * x.astype(np.int64)
     np.testing.assert_array_equal(got16, prod.reshape(-1, 2).sum(axis=1))
+
+    bs = rng.integers(-2032, 2033, 16 * 40).astype(np.int16)  # sums of 16 int8 activations
+    bs[:16] = -2032  # the extremes stay exact
+    got32 = np.zeros(8 * 40, np.int32)
+    mins_terms(words, bs, got32)
+    pairs = bs.astype(np.int64).reshape(40, 8, 2).sum(axis=2)  # sub-block g of 32: sums 2g and 2g + 1
+    np.testing.assert_array_equal(got32.reshape(40, 8), b * pairs)  # min g (byte g, unsigned) x its sum
