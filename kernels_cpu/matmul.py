@@ -75,32 +75,37 @@ def _small_bf16(w, x, y):
 def _int_tasking(ws) -> tuple[int, int, int]:
     """(rows per task, rows per block, threads) of one integer-dot call over the weights ws."""
     n_threads = numba.get_num_threads()
-    rows = sum(w.shape[0] for w in ws)
-    per_task = -(-rows // (n_threads * INT_TASKS_PER_THREAD))
-    per_task = -(-per_task // INT_ROWS_PER_BLOCK) * INT_ROWS_PER_BLOCK  # whole blocks
-    return per_task, INT_ROWS_PER_BLOCK, n_threads
+    per_task = -(-sum(w.shape[0] for w in ws) // (n_threads * INT_TASKS_PER_THREAD))
+    return -(-per_task // INT_ROWS_PER_BLOCK) * INT_ROWS_PER_BLOCK, INT_ROWS_PER_BLOCK, n_threads  # whole blocks
 
 
-def _int_slots(ws, kinds, ys, n_tok):
+def _empty_slot() -> tuple[np.ndarray, np.ndarray]:
+    """A weight of 0 rows and its output: an unused slot of the integer-dot kernels (never indexed)."""
+    w = np.empty((0, 1), dtype=np.uint8)
+    w.flags.writeable = False
+    return w, np.empty((1, 0), dtype=np.float32)
+
+
+_EMPTY_W, _EMPTY_Y = _empty_slot()  # read-only constants, shared by every call
+
+
+def _int_slots(ws, kinds, ys):
     """Up to three (weight, kind, y) for one integer-dot call; unused slots are weights of 0 rows."""
-    empty_w = np.empty((0, 1), dtype=np.uint8)
-    empty_w.flags.writeable = False
-    empty_y = np.empty((n_tok, 0), dtype=np.float32)
     pad = 3 - len(ws)
-    return (*ws, *[empty_w] * pad), (*kinds, *[0] * pad), (*ys, *[empty_y] * pad)
+    return (*ws, *(_EMPTY_W,) * pad), (*kinds, *(0,) * pad), (*ys, *(_EMPTY_Y,) * pad)
 
 
 def _legacy_dots(ws, kinds, x, ys):
     """Integer dots of up to three legacy-type weights with x (n_tok, n_in), quantized to Q8_0 once for all."""
     qs, d = act_quant.quantize_q8_0(x)
-    (w0, w1, w2), (k0, k1, k2), (y0, y1, y2) = _int_slots(ws, kinds, ys, x.shape[0])
+    (w0, w1, w2), (k0, k1, k2), (y0, y1, y2) = _int_slots(ws, kinds, ys)
     vec_dot_legacy.matmul_q8_0_act(w0, w1, w2, k0, k1, k2, qs, d, y0, y1, y2, *_int_tasking(ws), sched.new_counter())
 
 
 def _k_dots(ws, kinds, x, ys):
     """Integer dots of up to three K-quant weights with x (n_tok, n_in), quantized to Q8_K once for all."""
     qs, d, bsums = act_quant.quantize_q8_k(x)
-    (w0, w1, w2), (k0, k1, k2), (y0, y1, y2) = _int_slots(ws, kinds, ys, x.shape[0])
+    (w0, w1, w2), (k0, k1, k2), (y0, y1, y2) = _int_slots(ws, kinds, ys)
     vec_dot_k.matmul_q8_k_act(w0, w1, w2, k0, k1, k2, qs, d, bsums, y0, y1, y2, *_int_tasking(ws),
                               sched.new_counter())
 
