@@ -219,6 +219,12 @@ def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, xs, y, nb):
                 y[r + 1] = v1
 
 
+@njit(inline="always")
+def _signed(kind):
+    """Whether a type's codes are signed (no min term): Q4_0, Q5_0, Q8_0, IQ4_NL."""
+    return kind == Q4_0 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL
+
+
 @njit(cache=True, parallel=True, fastmath=True)
 def matmul_q8_0_act(w0, w1, w2, k0, k1, k2, xq, xd, y0, y1, y2, rows_per_task, rows_per_block, n_threads, counter):
     """y_m[t, r] = row r of w_m . token t for up to three weights times the same tokens (q/k/v, gate/up), for n_tok
@@ -234,12 +240,13 @@ def matmul_q8_0_act(w0, w1, w2, k0, k1, k2, xq, xd, y0, y1, y2, rows_per_task, r
     n_tok, n_in = xq.shape
     nb = n_in // QK
     xs = np.zeros((n_tok, nb), dtype=np.float32)  # d_x * sum q8 per block (Q4_1, Q5_1): exact (11 x 13 bits)
-    for t in range(n_tok):
-        for b in range(nb):
-            s = 0
-            for j in range(b * QK, (b + 1) * QK):
-                s += np.int32(xq[t, j])
-            xs[t, b] = xd[t, b] * np.float32(s)
+    if not (_signed(k0) and _signed(k1) and _signed(k2)):  # only the types with a min use it
+        for t in range(n_tok):
+            for b in range(nb):
+                s = 0
+                for j in range(b * QK, (b + 1) * QK):
+                    s += np.int32(xq[t, j])
+                xs[t, b] = xd[t, b] * np.float32(s)
     t0 = (w0.shape[0] + rows_per_task - 1) // rows_per_task
     t1 = (w1.shape[0] + rows_per_task - 1) // rows_per_task
     n_tasks = t0 + t1 + (w2.shape[0] + rows_per_task - 1) // rows_per_task
