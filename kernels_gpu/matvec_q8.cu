@@ -174,6 +174,34 @@ struct Q6K8 {
     }
 };
 
+// The end of a q8 matvec: each lane's partial sums of the warp's RPW rows -> y[row0 .. row0 + nr). A warp that
+// has whole rows (wpr 1) stores them itself; else the row group's wpr warps meet in `red` (every thread of the CTA
+// calls this: wpr is the same for all).
+template <int RPW, int NW>
+__device__ __forceinline__ void q8_store_rows(float (&acc)[RPW], float (&red)[NW][RPW], int warp, int lane, int sub,
+                                              int wpr, int nr, float* __restrict__ y, int row0) {
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) acc[rr] = warp_sum(acc[rr]);
+    if (wpr == 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int rr = 0; rr < RPW; ++rr)
+                if (rr < nr) y[row0 + rr] = acc[rr];
+        }
+        return;
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) red[warp][rr] = acc[rr];
+    }
+    __syncthreads();
+    if (sub == 0 && lane < nr) {
+        float s = 0.0f;
+        for (int k = 0; k < wpr; ++k) s += red[warp + k][lane];
+        y[row0 + lane] = s;
+    }
+}
+
 // y[row] for RPW rows a warp, `wpr` warps a row group (split along the row, reduced through shared memory).
 // Every row's weight loads of an item are issued before its first dp4a (rows past the end re-read the group's
 // last row, never written), and the activations of an item are loaded once for the RPW rows.
@@ -207,26 +235,7 @@ __device__ __forceinline__ void matvec_q8_body(int cta, const u8* __restrict__ w
             for (int rr = 0; rr < RPW; ++rr) acc[rr] += Q::dot(wr[rr], xv, p);
         }
     }
-#pragma unroll
-    for (int rr = 0; rr < RPW; ++rr) acc[rr] = warp_sum(acc[rr]);
-    if (wpr == 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int rr = 0; rr < RPW; ++rr)
-                if (rr < nr) y[row0 + rr] = acc[rr];
-        }
-        return;
-    }
-    if (lane == 0) {
-#pragma unroll
-        for (int rr = 0; rr < RPW; ++rr) red[warp][rr] = acc[rr];
-    }
-    __syncthreads();
-    if (sub == 0 && lane < nr) {
-        float s = 0.0f;
-        for (int k = 0; k < wpr; ++k) s += red[warp + k][lane];
-        y[row0 + lane] = s;
-    }
+    q8_store_rows<RPW>(acc, red, warp, lane, sub, wpr, nr, y, row0);
 }
 
 #define MVQ8_ARGS                                                                                            \

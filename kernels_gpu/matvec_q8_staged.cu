@@ -113,26 +113,7 @@ __device__ __forceinline__ void matvec_q8s_q6k_body(int cta, const u8* __restric
         }
         cp_async_wait<0>();
     }
-#pragma unroll
-    for (int rr = 0; rr < RPW; ++rr) acc[rr] = warp_sum(acc[rr]);
-    if (wpr == 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int rr = 0; rr < RPW; ++rr)
-                if (rr < nr) y[row0 + rr] = acc[rr];
-        }
-        return;
-    }
-    if (lane == 0) {
-#pragma unroll
-        for (int rr = 0; rr < RPW; ++rr) red[warp][rr] = acc[rr];
-    }
-    __syncthreads();
-    if (sub == 0 && lane < nr) {
-        float s = 0.0f;
-        for (int k = 0; k < wpr; ++k) s += red[warp + k][lane];
-        y[row0 + lane] = s;
-    }
+    q8_store_rows<RPW>(acc, red, warp, lane, sub, wpr, nr, y, row0);
 }
 
 // up to three Q6_K matrices in one launch (the CTA picks its matrix as matvec_q8m_*); one matrix: c1 = c2 = grid
