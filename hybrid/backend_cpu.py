@@ -8,18 +8,40 @@ from gguf_io import quant_spec
 from kernels_cpu import activations, attention, kv_cache, norm, rope
 from kernels_cpu.matmul import matmul, matmuls
 
+from .cpu_fused import FusedLayers, fusable
 from .weights import Weight
 
 
 class CpuBackend:
     name = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, fused: bool = True) -> None:
+        # fused: run dense decode layers in two compiled calls (cpu_fused); False keeps every op a call of its own
+        self.fused = fused
+        self._fused_layers = FusedLayers()
         # cos/sin tables of the batch being evaluated, per (n_rot, base, scale): every layer rotates q and k at
         # the same positions, so they are computed once per eval step, not twice a layer; a new batch of
         # positions replaces them
         self._rope_positions = b""
         self._rope_tables: dict[tuple, rope.RopeTables] = {}
+
+    def fused_layer(self, spec, cfg, lw: dict[str, Weight], il: int, x: np.ndarray, positions: np.ndarray, kv):
+        """blocks.layer_forward in two compiled calls, bit for bit, where the layer allows it (cpu_fused.fusable);
+        else None."""
+        if not (self.fused and fusable(spec, lw, x.shape[0])):
+            return None
+        return self._fused_layers.forward(spec, cfg, lw, il, x, positions, kv, self._tables)
+
+    def _tables(self, positions: np.ndarray, n_rot: int, base: float, scale: float) -> rope.RopeTables:
+        """cos/sin of positions (int32), computed once per batch of positions and rope parameters."""
+        key_pos = positions.tobytes()
+        if key_pos != self._rope_positions:
+            self._rope_positions, self._rope_tables = key_pos, {}
+        key = (n_rot, base, scale)
+        tables = self._rope_tables.get(key)
+        if tables is None:
+            tables = self._rope_tables[key] = rope.rope_tables(positions, n_rot, base, scale)
+        return tables
 
     def matmul(self, w: Weight, x: np.ndarray) -> np.ndarray:
         """x (n, in) f32 -> (n, out) f32, straight from the raw blocks of w."""
@@ -47,14 +69,7 @@ class CpuBackend:
     def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, scale: float, mode: str) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         positions = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
-        key_pos = positions.tobytes()
-        if key_pos != self._rope_positions:
-            self._rope_positions, self._rope_tables = key_pos, {}
-        key = (n_rot, base, scale)
-        tables = self._rope_tables.get(key)
-        if tables is None:
-            tables = self._rope_tables[key] = rope.rope_tables(positions, n_rot, base, scale)
-        return rope.rope_apply(x, tables, mode, out=x)
+        return rope.rope_apply(x, self._tables(positions, n_rot, base, scale), mode, out=x)
 
     def scale(self, x: np.ndarray, s: float) -> np.ndarray:
         return x * np.float32(s)

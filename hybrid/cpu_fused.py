@@ -1,0 +1,118 @@
+"""CpuBackend's fused layer: a dense layer of a few tokens in two compiled calls (kernels_cpu.fused_layer),
+with each layer's weights, type codes and norms gathered once, not on every token."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from gguf_io import ModelConfig
+from kernels_cpu import fused_layer
+from kernels_cpu.activations import GELU_F16_TABLE
+from kernels_cpu.attention import _heads_per_item
+from kernels_cpu.kv_cache import F16_TO_F32, kv_type_code, kv_views
+from kernels_cpu.matmul import _EMPTY_W, _EMPTY_Y, _INT_FAMILIES, GEMM_MIN_TOKENS, KERNELS, _prepare
+from kernels_cpu.rope import ROPE_MODES
+
+from .arch.blocks import rope_params
+from .arch.spec import ArchSpec
+
+_FAMILY = {name: (fused_layer.FAM_LEGACY if fam == "Q8_0" else fused_layer.FAM_K, code)
+           for fam, (codes, _) in _INT_FAMILIES.items() for name, code in codes.items()}
+_GLU_OP = {"silu": 0, "gelu": 2}  # gelu through ggml's fp16 table, as CpuBackend.glu
+_NONE = np.zeros(1, dtype=np.float32)  # an absent norm or bias (never read)
+
+
+def _vec(lw, name: str, n: int) -> np.ndarray:
+    w = np.ascontiguousarray(lw[name].raw, dtype=np.float32).reshape(-1)
+    if w.shape[0] != n:
+        raise ValueError(f"{name}: expected {n} values, found {w.shape[0]}")
+    return w
+
+
+def _matrix(w) -> tuple[np.ndarray, int, int]:
+    """(raw blocks as a read-only plain ndarray, family, kind code) of a matrix, checked as matmul checks it."""
+    kernel = KERNELS[w.type_name]
+    n_in = w.raw.shape[-1] // kernel.type_size * kernel.block_size
+    _, raw, _, _ = _prepare(w.raw, w.type_name, np.empty((1, n_in), dtype=np.float32))
+    return (raw, *_FAMILY[w.type_name])
+
+
+class _Layer:
+    """One layer's fixed arguments of attention_half / ffn_half."""
+
+    def __init__(self, spec: ArchSpec, cfg: ModelConfig, lw) -> None:
+        attn = [_matrix(lw[n]) for n in ("attn_q", "attn_k", "attn_v", "attn_output")]
+        ffn = [_matrix(lw[n]) for n in ("ffn_gate", "ffn_up", "ffn_down")]
+        self.attn_ws = tuple(r for r, _, _ in attn)
+        self.attn_fams = np.array([f for _, f, _ in attn], dtype=np.int64)
+        self.attn_kinds = np.array([k for _, _, k in attn], dtype=np.int64)
+        self.ffn_ws = tuple(r for r, _, _ in ffn)
+        self.ffn_fams = np.array([f for _, f, _ in ffn], dtype=np.int64)
+        self.ffn_kinds = np.array([k for _, _, k in ffn], dtype=np.int64)
+        n_q, n_kv = cfg.n_head * cfg.n_embd_head_k, cfg.n_head_kv * cfg.n_embd_head_k
+        n_v = cfg.n_head_kv * cfg.n_embd_head_v
+        self.biases = tuple(_vec(lw, f"{t}.bias", n) if spec.qkv_bias else _NONE
+                            for t, n in (("attn_q", n_q), ("attn_k", n_kv), ("attn_v", n_v)))
+        hd = cfg.n_embd_head_k
+        self.q_norm = _vec(lw, "attn_q_norm", hd) if spec.qk_norm else _NONE
+        self.k_norm = _vec(lw, "attn_k_norm", hd) if spec.qk_norm else _NONE
+        self.attn_norm = _vec(lw, "attn_norm", cfg.n_embd)
+        self.ffn_norm = _vec(lw, "ffn_norm", cfg.n_embd)
+        self.post_attn = _vec(lw, "post_attention_norm", cfg.n_embd) if spec.sandwich_norm else _NONE
+        self.post_ffw = _vec(lw, "post_ffw_norm", cfg.n_embd) if spec.sandwich_norm else _NONE
+
+
+def fusable(spec: ArchSpec, lw, n_tok: int) -> bool:
+    """Whether a layer of n_tok tokens can take the fused path: a dense FFN, a batch below the float GEMM's
+    threshold (the integer dots), and every matrix of an integer-dot type."""
+    if spec.moe or not 0 < n_tok < GEMM_MIN_TOKENS or spec.ffn_act not in _GLU_OP:
+        return False
+    names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    return all(lw[n].type_name in _FAMILY and lw[n].raw.ndim == 2 for n in names)
+
+
+class FusedLayers:
+    """Runs fusable layers (see `fusable`) for a CpuBackend; the caller checks `fusable` first."""
+
+    def __init__(self) -> None:
+        self._layers: dict[int, tuple[object, _Layer]] = {}  # id(lw) -> (lw, its arguments)
+
+    def _layer(self, spec, cfg, lw) -> _Layer:
+        hit = self._layers.get(id(lw))
+        if hit is None or hit[0] is not lw:
+            hit = self._layers[id(lw)] = (lw, _Layer(spec, cfg, lw))
+        return hit[1]
+
+    def forward(self, spec: ArchSpec, cfg: ModelConfig, lw, il: int, x: np.ndarray, positions: np.ndarray, kv,
+                rope_tables) -> np.ndarray:
+        """blocks.layer_forward of x (n_tok, n_embd) f32, bit for bit; rope_tables(positions, n_rot, base, scale)
+        gives the backend's cached cos/sin tables."""
+        L = self._layer(spec, cfg, lw)
+        layer = kv.layers[il]
+        positions = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
+        if positions.min() < 0 or positions.max() >= layer.n_ctx:
+            bad = positions[(positions < 0) | (positions >= layer.n_ctx)][0]
+            raise ValueError(f"kv_store: positions must lie in [0, {layer.n_ctx}), found {bad}")
+        if cfg.rope_type not in ROPE_MODES:
+            raise ValueError(f"rope: mode must be one of {sorted(ROPE_MODES)}, found {cfg.rope_type!r}")
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        eps = np.float32(cfg.f_norm_rms_eps)
+        base, fscale, n_swa = rope_params(cfg, il)
+        tables = rope_tables(positions, cfg.n_rot, base, fscale)
+        kq_scale, q_scale = cfg.f_attention_scale, 1.0
+        if not spec.q_scale_in_attention:  # gemma3 scales q before attention and uses a unit kq scale
+            q_scale, kq_scale = kq_scale, 1.0
+        n_tok = x.shape[0]
+        n_threads = numba.get_num_threads()
+        a = fused_layer.attention_half(
+            n_threads, x, eps, L.attn_norm, L.attn_ws, L.attn_kinds, L.attn_fams, _EMPTY_W, _EMPTY_Y,
+            L.biases, spec.qkv_bias, L.q_norm, L.k_norm, spec.qk_norm, cfg.n_head, cfg.n_head_kv,
+            cfg.n_embd_head_k, cfg.n_embd_head_v, tables.cos, tables.sin, tables.n_rot, cfg.rope_type == "neox",
+            np.float32(q_scale), not spec.q_scale_in_attention,
+            (*kv_views(layer.k, layer.type_k),), (*kv_views(layer.v, layer.type_v),),
+            kv_type_code(layer.type_k), kv_type_code(layer.type_v), positions, int(positions.max()) + 1,
+            np.float32(kq_scale), int(n_swa), _heads_per_item(n_tok, layer.n_head_kv, cfg.n_head), F16_TO_F32,
+            L.post_attn, spec.sandwich_norm)
+        return fused_layer.ffn_half(n_threads, x, a, eps, L.ffn_norm, L.ffn_ws, L.ffn_kinds, L.ffn_fams, _EMPTY_W,
+                                    _EMPTY_Y, _GLU_OP[spec.ffn_act], GELU_F16_TABLE, L.post_ffw, spec.sandwich_norm)

@@ -1,0 +1,64 @@
+"""CpuBackend's fused decode layer (hybrid/cpu_fused.py, kernels_cpu/fused_layer.py) equals the op-by-op path of
+blocks.layer_forward bit for bit: every architecture, KV type, quant mix and a sliding window; and it steps aside
+where it has no fused form (MoE, the float GEMM's batches, float weights)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hybrid.arch.blocks import layer_forward
+from hybrid.cpu_fused import fusable
+from hybrid.engine import Engine, EngineParams
+from hybrid.synth import make_model
+from kernels_cpu.matmul import GEMM_MIN_TOKENS
+
+
+def _engine(tmp_path, arch, mix="Q4_K_M", **kw) -> Engine:
+    path = tmp_path / f"{arch}-{mix}.gguf"
+    make_model(path, arch, "tiny", mix, seed=5, n_layer=2, head_dim=128 if arch == "qwen3" else None)
+    return Engine.load(path, EngineParams(n_ctx=96, **kw))
+
+
+def _run(eng: Engine, fused: bool, steps: list[list[int]]) -> list[np.ndarray]:
+    eng._cpu.fused = fused
+    cache = eng.new_cache()
+    return [np.asarray(eng.eval(tokens, cache)) for tokens in steps]
+
+
+# a prompt of 12, a decode step after it, a small batch, then decode past gemma3's 32-token window
+STEPS = [list(range(3, 15)), [7], [9, 4, 11], *[[5 + i % 9] for i in range(24)]]
+
+
+@pytest.mark.parametrize("arch, mix, kv", [
+    ("llama", "Q4_K_M", "f16"), ("qwen2", "Q4_K_M", "f16"), ("qwen3", "Q4_K_M", "q8_0"), ("gemma3", "Q4_K_M", "f16"),
+    ("gemma3", "Q4_K_M", "q4_0"), ("llama", "Q5_0", "f16"), ("llama", "Q4_1", "f32"), ("qwen2", "Q6_K", "q8_0"),
+])
+def test_fused_equals_op_by_op(tmp_path, arch, mix, kv):
+    eng = _engine(tmp_path, arch, mix, type_k=kv, type_v=kv)
+    assert all(fusable(eng.spec, lw, 1) for lw in eng.weights.layers)
+    calls = []
+    real = eng._cpu._fused_layers.forward
+    eng._cpu._fused_layers.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
+    fused = _run(eng, True, STEPS)
+    assert len(calls) == len(STEPS) * eng.config.n_layer  # every layer of every step took the fused path
+    plain = _run(eng, False, STEPS)
+    for step, (a, b) in enumerate(zip(fused, plain)):
+        assert np.isfinite(a).all()
+        assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"
+
+
+def test_fused_declines_where_it_has_no_form(tmp_path):
+    moe = _engine(tmp_path, "qwen3moe")
+    assert not any(fusable(moe.spec, lw, 1) for lw in moe.weights.layers)
+    f16 = _engine(tmp_path, "llama", "F16")
+    assert not fusable(f16.spec, f16.weights.layers[0], 1)  # float weights: not an integer-dot type
+    llama = _engine(tmp_path, "llama")
+    lw = llama.weights.layers[0]
+    assert fusable(llama.spec, lw, GEMM_MIN_TOKENS - 1)
+    assert not fusable(llama.spec, lw, GEMM_MIN_TOKENS)  # batches go through the float GEMM op by op
+    assert not fusable(llama.spec, lw, 0)
+    x = np.zeros((1, llama.config.n_embd), dtype=np.float32)
+    llama._cpu.fused = True
+    with pytest.raises(ValueError, match="positions must lie in"):
+        layer_forward(llama._cpu, llama.spec, llama.config, lw, 0, x, np.array([96], np.int32), llama.new_cache())
