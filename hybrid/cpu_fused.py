@@ -38,18 +38,21 @@ def _matrix(w) -> tuple[np.ndarray, int, int]:
     return (raw, *_FAMILY[w.type_name])
 
 
+def _mats(*mats) -> tuple:
+    """int_dots' ((w0, w1, w2), kinds, fams) for up to three _matrix results; unused slots are empty (family 0)."""
+    pad = [(_EMPTY_W, 0, 0)] * (3 - len(mats))
+    ws, fams, kinds = zip(*mats, *pad)
+    return tuple(ws), np.array(kinds, dtype=np.int64), np.array(fams, dtype=np.int64)
+
+
 class _Layer:
     """One layer's fixed arguments of attention_half / ffn_half."""
 
     def __init__(self, spec: ArchSpec, cfg: ModelConfig, lw) -> None:
-        attn = [_matrix(lw[n]) for n in ("attn_q", "attn_k", "attn_v", "attn_output")]
-        ffn = [_matrix(lw[n]) for n in ("ffn_gate", "ffn_up", "ffn_down")]
-        self.attn_ws = tuple(r for r, _, _ in attn)
-        self.attn_fams = np.array([f for _, f, _ in attn], dtype=np.int64)
-        self.attn_kinds = np.array([k for _, _, k in attn], dtype=np.int64)
-        self.ffn_ws = tuple(r for r, _, _ in ffn)
-        self.ffn_fams = np.array([f for _, f, _ in ffn], dtype=np.int64)
-        self.ffn_kinds = np.array([k for _, _, k in ffn], dtype=np.int64)
+        q, k, v, o, gate, up, down = (_matrix(lw[n]) for n in ("attn_q", "attn_k", "attn_v", "attn_output",
+                                                                  "ffn_gate", "ffn_up", "ffn_down"))
+        self.qkv, self.out_proj = _mats(q, k, v), _mats(o)
+        self.gate_up, self.down = _mats(gate, up), _mats(down)
         n_q, n_kv = cfg.n_head * cfg.n_embd_head_k, cfg.n_head_kv * cfg.n_embd_head_k
         n_v = cfg.n_head_kv * cfg.n_embd_head_v
         self.biases = tuple(_vec(lw, f"{t}.bias", n) if spec.qkv_bias else _NONE
@@ -106,13 +109,14 @@ class FusedLayers:
         n_tok = x.shape[0]
         n_threads = numba.get_num_threads()
         a = fused_layer.attention_half(
-            n_threads, x, eps, L.attn_norm, L.attn_ws, L.attn_kinds, L.attn_fams, _EMPTY_W, _EMPTY_Y,
+            n_threads, x, eps, L.attn_norm, L.qkv, L.out_proj, _EMPTY_W, _EMPTY_Y,
             L.biases, spec.qkv_bias, L.q_norm, L.k_norm, spec.qk_norm, cfg.n_head, cfg.n_head_kv,
             cfg.n_embd_head_k, cfg.n_embd_head_v, tables.cos, tables.sin, tables.n_rot, cfg.rope_type == "neox",
             np.float32(q_scale), not spec.q_scale_in_attention,
             (*kv_views(layer.k, layer.type_k),), (*kv_views(layer.v, layer.type_v),),
-            kv_type_code(layer.type_k), kv_type_code(layer.type_v), positions, int(positions.max()) + 1,
+            kv_type_code(layer.type_k), kv_type_code(layer.type_v), positions, positions.astype(np.int64),
+            int(positions.max()) + 1,
             np.float32(kq_scale), int(n_swa), _heads_per_item(n_tok, layer.n_head_kv, cfg.n_head), F16_TO_F32,
             L.post_attn, spec.sandwich_norm)
-        return fused_layer.ffn_half(n_threads, x, a, eps, L.ffn_norm, L.ffn_ws, L.ffn_kinds, L.ffn_fams, _EMPTY_W,
+        return fused_layer.ffn_half(n_threads, x, a, eps, L.ffn_norm, L.gate_up, L.down, _EMPTY_W,
                                     _EMPTY_Y, _GLU_OP[spec.ffn_act], GELU_F16_TABLE, L.post_ffw, spec.sandwich_norm)

@@ -46,16 +46,6 @@ def _rms_norm_rows_serial(x, w, has_w, eps, out):
         _norm_row(x, w, has_w, eps, out, r)
 
 
-@njit(cache=True)
-def rms_norm_rows(x, w, has_w, eps, out):
-    """x (n_rows, n) f32 C-contiguous, w (n,) f32 (ignored unless has_w), eps f32 -> out, same shape (out may be
-    x); callable from compiled code. A small x (one decode token) stays on the calling thread."""
-    if x.size <= SERIAL_MAX_ELEMS:
-        _rms_norm_rows_serial(x, w, has_w, eps, out)
-    else:
-        _rms_norm_rows_par(x, w, has_w, eps, out)
-
-
 def _rms_norm_rows(x, w, has_w, eps, out):
     (_rms_norm_rows_serial if x.size <= SERIAL_MAX_ELEMS else _rms_norm_rows_par)(x, w, has_w, eps, out)
 
