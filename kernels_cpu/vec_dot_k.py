@@ -23,7 +23,7 @@ from kernels_cpu.simd_int import (abs_i8, add_i32, addc_i8, and_i8, lut16_i8, ma
                                   sign_i8, splat2_i16, splat_i16, zero_i32)
 from kernels_cpu.simd_k import (K4_SCALE_SHUF, K6_SCALE_SHUF, maddubs_32, mins_pairs_from_u64, scales_from_u64,
                                 scales_i8x8, shuffle_scales, sub_i16)
-from kernels_cpu.vec_dot_legacy import KVALUES_IQ4NL
+from kernels_cpu.vec_dot_legacy import KVALUES_IQ4NL, prefetch_distance
 
 QK_K = 256
 PREFETCH_BYTES = 4096
@@ -127,9 +127,9 @@ def codes_iq4_xs(w, o, g):
 # -- two weight rows . one token's Q8_K activations: dot2_<type>(w, wo, rb, xq, xd, bsums, nb) ---------------
 # Rows at bytes wo and wo + rb (nb super-blocks) . one token (xq, xd, bsums: its rows of the activation
 # arrays). As in vec_dot_legacy: two adjacent rows per pass, one function per type, the small helpers inlined
-# (inline="always": with cached callees LLVM cannot inline them), and a software prefetch PREFETCH_BYTES ahead
-# (Q4_K/Q5_K: in each row's own stream, which kept 8192-wide rows at ~12.5 GB/s on one Zen 3 core where one
-# stream over the pair of rows gave 7-9; the others: in the pair's stream).
+# (inline="always": with cached callees LLVM cannot inline them), and a software prefetch
+# prefetch_distance(rb, PREFETCH_BYTES) ahead in the pair's stream (vec_dot_legacy.prefetch_distance; for
+# Q4_K/Q5_K it replaced a prefetch in each row's own stream).
 @njit(inline="always")
 def isum_q2_k_half(w, o, k, x, bsums, bo):
     """Exact int32 lanes of sum scale * q * q8 over elements 128k .. 128k + 127 of the q2_K block at o, and
@@ -151,6 +151,7 @@ def isum_q2_k_half(w, o, k, x, bsums, bo):
 def dot2_q2_k(w, wo, rb, xq, xd, bsums, nb):
     a0, a1 = zero_f32(), zero_f32()
     m0, m1 = np.float32(0.0), np.float32(0.0)
+    pf = prefetch_distance(rb, PREFETCH_BYTES)
     for i in range(nb):
         o, dx = wo + i * 84, xd[i]
         xs = xq[i * QK_K:(i + 1) * QK_K]
@@ -158,7 +159,7 @@ def dot2_q2_k(w, wo, rb, xq, xd, bsums, nb):
         i0, i1 = 0, 0
         for k in range(2):
             for line in range(2):
-                prefetch(w, wo + 2 * i * 84 + PREFETCH_BYTES + 128 * k + 64 * line)
+                prefetch(w, wo + 2 * i * 84 + pf + 128 * k + 64 * line)
             v, m = isum_q2_k_half(w, o, k, xs, bsums, 16 * i)
             s0, i0 = add_i32(s0, v), i0 + m
             v, m = isum_q2_k_half(w, o + rb, k, xs, bsums, 16 * i)
@@ -200,6 +201,7 @@ def isum_q3_k_half(w, o, k, x, scales):
 @njit(cache=True, fastmath=True)
 def dot2_q3_k(w, wo, rb, xq, xd, bsums, nb):
     a0, a1 = zero_f32(), zero_f32()
+    pf = prefetch_distance(rb, PREFETCH_BYTES)
     for i in range(nb):
         o, dx = wo + i * 110, xd[i]
         xs = xq[i * QK_K:(i + 1) * QK_K]
@@ -208,7 +210,7 @@ def dot2_q3_k(w, wo, rb, xq, xd, bsums, nb):
         s0 = add_i32(isum_q3_k_half(w, o, 0, xs, sc0), isum_q3_k_half(w, o, 1, xs, sc0b))
         s1 = add_i32(isum_q3_k_half(w, o + rb, 0, xs, sc1), isum_q3_k_half(w, o + rb, 1, xs, sc1b))
         for line in range(4):
-            prefetch(w, wo + 2 * i * 110 + PREFETCH_BYTES + 64 * line)
+            prefetch(w, wo + 2 * i * 110 + pf + 64 * line)
         a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o + 108) * dx)
         a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb + 108) * dx)
     return hsum_f32(a0), hsum_f32(a1)
@@ -217,6 +219,7 @@ def dot2_q3_k(w, wo, rb, xq, xd, bsums, nb):
 @njit(cache=True, fastmath=True)
 def dot2_q4_k(w, wo, rb, xq, xd, bsums, nb):
     a0, a1 = zero_f32(), zero_f32()
+    pf = prefetch_distance(rb, PREFETCH_BYTES)
     for i in range(nb):
         o, xb, dx = wo + i * 144, i * QK_K, xd[i]
         sc0, mn0 = scales_mins_k4(w, o)
@@ -225,9 +228,8 @@ def dot2_q4_k(w, wo, rb, xq, xd, bsums, nb):
         bs = load_i16x16(bsums, 16 * i)  # the block's 16 sums of 16 activations, shared by both rows
         s0, s1 = zero_i32(), zero_i32()
         for j in range(4):  # sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
-            if j < 3:  # each row's own stream, PREFETCH_BYTES ahead: 3 lines of its 144 bytes
-                prefetch(w, o + PREFETCH_BYTES + 64 * j)
-                prefetch(w, o + rb + PREFETCH_BYTES + 64 * j)
+            if j < 3:  # the pair's stream: 3 of its 288 bytes' lines (the hardware prefetcher fills the rest)
+                prefetch(w, wo + 2 * i * 144 + pf + 96 * j)
             xl, xh = load_i8x32(xq, xb + 64 * j), load_i8x32(xq, xb + 64 * j + 32)
             q = load_i8x32(w, o + 16 + 32 * j)
             s0 = add_i32(s0, madd(maddubs(and_i8(q, 15), xl), shuffle_scales(v0, K4_SCALE_SHUF, 2 * j)))
@@ -246,6 +248,7 @@ def dot2_q4_k(w, wo, rb, xq, xd, bsums, nb):
 @njit(cache=True, fastmath=True)
 def dot2_q5_k(w, wo, rb, xq, xd, bsums, nb):
     a0, a1 = zero_f32(), zero_f32()
+    pf = prefetch_distance(rb, PREFETCH_BYTES)
     for i in range(nb):
         o, xb, dx = wo + i * 176, i * QK_K, xd[i]
         sc0, mn0 = scales_mins_k4(w, o)
@@ -253,9 +256,8 @@ def dot2_q5_k(w, wo, rb, xq, xd, bsums, nb):
         bs = load_i16x16(bsums, 16 * i)
         s0, s1 = zero_i32(), zero_i32()
         for j in range(4):  # sub-blocks 2j (low nibbles) and 2j + 1 (high nibbles)
-            if j < 3:  # each row's own stream: 3 lines of its 176 bytes
-                prefetch(w, o + PREFETCH_BYTES + 64 * j)
-                prefetch(w, o + rb + PREFETCH_BYTES + 64 * j)
+            if j < 3:  # the pair's stream: 3 of its 352 bytes' lines (the hardware prefetcher fills the rest)
+                prefetch(w, wo + 2 * i * 176 + pf + 117 * j)
             xl, xh = load_i8x32(xq, xb + 64 * j), load_i8x32(xq, xb + 64 * j + 32)
             q, qh = load_i8x32(w, o + 48 + 32 * j), load_i8x32(w, o + 16)
             lo = or_i8(and_i8(q, 15), shl_i8(and_i8(shr_i8(qh, 2 * j), 1), 4))
@@ -295,12 +297,13 @@ def isum_q6_k_half(w, o, h, x0, x1, x2, x3, z0, z1, z2, z3):
 @njit(cache=True, fastmath=True)
 def dot2_q6_k(w, wo, rb, xq, xd, bsums, nb):
     a0, a1 = zero_f32(), zero_f32()
+    pf = prefetch_distance(rb, PREFETCH_BYTES)
     for i in range(nb):
         o, xb, dx = wo + i * 210, i * QK_K, xd[i]
         s0, s1 = zero_i32(), zero_i32()
         for h in range(2):
             for k in range(4):
-                prefetch(w, wo + 2 * i * 210 + PREFETCH_BYTES + 256 * h + 64 * k)
+                prefetch(w, wo + 2 * i * 210 + pf + 256 * h + 64 * k)
             x0, x1 = load_i8x32(xq, xb + 128 * h), load_i8x32(xq, xb + 128 * h + 32)
             x2, x3 = load_i8x32(xq, xb + 128 * h + 64), load_i8x32(xq, xb + 128 * h + 96)
             z0, z1, z2, z3 = maddubs_32(x0), maddubs_32(x1), maddubs_32(x2), maddubs_32(x3)  # shared by both rows
@@ -314,11 +317,12 @@ def dot2_q6_k(w, wo, rb, xq, xd, bsums, nb):
 @njit(cache=True, fastmath=True)
 def dot2_iq4_xs(w, wo, rb, xq, xd, bsums, nb):
     a0, a1 = zero_f32(), zero_f32()
+    pf = prefetch_distance(rb, PREFETCH_BYTES)
     for i in range(nb):
         o, xb, dx = wo + i * 136, i * QK_K, xd[i]
         s0, s1 = zero_i32(), zero_i32()
         for g in range(8):
-            prefetch(w, wo + 2 * i * 136 + PREFETCH_BYTES + 64 * g)
+            prefetch(w, wo + 2 * i * 136 + pf + 64 * g)
             x = load_i8x32(xq, xb + 32 * g)
             q = codes_iq4_xs(w, o, g)
             s0 = add_i32(s0, madd(maddubs(abs_i8(q), sign_i8(x, q)), splat_i16(scale_iq4_xs(w, o, g))))
