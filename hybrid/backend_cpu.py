@@ -8,7 +8,7 @@ from gguf_io import quant_spec
 from kernels_cpu import activations, attention, kv_cache, norm, rope
 from kernels_cpu.matmul import matmul, matmuls
 
-from .cpu_fused import FusedLayers, fusable
+from .cpu_fused import FusedAttention, fusable
 from .weights import Weight
 
 
@@ -16,21 +16,21 @@ class CpuBackend:
     name = "cpu"
 
     def __init__(self, fused: bool = True) -> None:
-        # fused: run dense decode layers in two compiled calls (cpu_fused); False keeps every op a call of its own
+        # fused: run a decode layer's attention part in one compiled call (cpu_fused); False: every op a call
         self.fused = fused
-        self._fused_layers = FusedLayers()
+        self._fused = FusedAttention()
         # cos/sin tables of the batch being evaluated, per (n_rot, base, scale): every layer rotates q and k at
         # the same positions, so they are computed once per eval step, not twice a layer; a new batch of
         # positions replaces them
         self._rope_positions = b""
         self._rope_tables: dict[tuple, rope.RopeTables] = {}
 
-    def fused_layer(self, spec, cfg, lw: dict[str, Weight], il: int, x: np.ndarray, positions: np.ndarray, kv):
-        """blocks.layer_forward in two compiled calls, bit for bit, where the layer allows it (cpu_fused.fusable);
-        else None."""
+    def fused_attention(self, spec, cfg, lw: dict[str, Weight], il: int, x: np.ndarray, positions: np.ndarray, kv):
+        """blocks.layer_forward's attention part in one compiled call, bit for bit, where the layer allows it
+        (cpu_fused.fusable); else None."""
         if not (self.fused and fusable(spec, lw, x.shape[0])):
             return None
-        return self._fused_layers.forward(spec, cfg, lw, il, x, positions, kv, self._tables)
+        return self._fused.forward(spec, cfg, lw, il, x, positions, kv, self._tables)
 
     def _tables(self, positions: np.ndarray, n_rot: int, base: float, scale: float) -> rope.RopeTables:
         """cos/sin of positions (int32), computed once per batch of positions and rope parameters."""

@@ -264,7 +264,7 @@ class GpuBackend:
         self._no_capture("a host -> device copy inside the step")
         return self._stager.to_device(np.asarray(x))
 
-    def fused_layer(self, spec, cfg, lw, il: int, x, positions: np.ndarray, kv) -> None:
-        """No fused layer on the GPU: blocks.layer_forward runs the ops one by one (they are launched, not called
+    def fused_attention(self, spec, cfg, lw, il: int, x, positions: np.ndarray, kv) -> None:
+        """No fused attention on the GPU: blocks.layer_forward runs the ops one by one (they are launched, not called
         from Python one by one, once the decode step is a captured graph)."""
         return None

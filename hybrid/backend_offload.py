@@ -115,6 +115,6 @@ class OffloadBackend:
     def from_host(self, x):
         return self.gpu.from_host(x)
 
-    def fused_layer(self, spec, cfg, lw, il: int, x, positions: np.ndarray, kv) -> None:
-        """No fused layer here: blocks.layer_forward runs the ops one by one."""
+    def fused_attention(self, spec, cfg, lw, il: int, x, positions: np.ndarray, kv) -> None:
+        """No fused attention here: blocks.layer_forward runs the ops one by one."""
         return None

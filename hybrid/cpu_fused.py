@@ -1,5 +1,5 @@
-"""CpuBackend's fused layer: a dense layer of a few tokens in two compiled calls (kernels_cpu.fused_layer),
-with each layer's weights, type codes and norms gathered once, not on every token."""
+"""CpuBackend's fused attention: the attention part of a layer of a few tokens in one compiled call
+(kernels_cpu.fused_layer.attention_half), with each layer's weights, type codes and norms gathered once."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import numpy as np
 
 from gguf_io import ModelConfig
 from kernels_cpu import fused_layer
-from kernels_cpu.activations import GELU_F16_TABLE
 from kernels_cpu.attention import _heads_per_item
 from kernels_cpu.kv_cache import F16_TO_F32, kv_type_code, kv_views
 from kernels_cpu.matmul import _EMPTY_W, _EMPTY_Y, _INT_FAMILIES, GEMM_MIN_TOKENS, KERNELS, _prepare
@@ -19,14 +18,17 @@ from .arch.spec import ArchSpec
 
 _FAMILY = {name: (fused_layer.FAM_LEGACY if fam == "Q8_0" else fused_layer.FAM_K, code)
            for fam, (codes, _) in _INT_FAMILIES.items() for name, code in codes.items()}
-_GLU_OP = {"silu": 0, "gelu": 2}  # gelu through ggml's fp16 table, as CpuBackend.glu
+_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output")
 _NONE = np.zeros(1, dtype=np.float32)  # an absent norm or bias (never read)
+_NONE.flags.writeable = False
 
 
 def _vec(lw, name: str, n: int) -> np.ndarray:
-    w = np.ascontiguousarray(lw[name].raw, dtype=np.float32).reshape(-1)
+    """A norm or bias vector as a read-only float32 array (one array type: one compiled attention_half)."""
+    w = np.ascontiguousarray(lw[name].raw, dtype=np.float32).reshape(-1).view()
     if w.shape[0] != n:
         raise ValueError(f"{name}: expected {n} values, found {w.shape[0]}")
+    w.flags.writeable = False
     return w
 
 
@@ -49,10 +51,8 @@ class _Layer:
     """One layer's fixed arguments of attention_half / ffn_half."""
 
     def __init__(self, spec: ArchSpec, cfg: ModelConfig, lw) -> None:
-        q, k, v, o, gate, up, down = (_matrix(lw[n]) for n in ("attn_q", "attn_k", "attn_v", "attn_output",
-                                                                  "ffn_gate", "ffn_up", "ffn_down"))
+        q, k, v, o = (_matrix(lw[n]) for n in _MATRICES)
         self.qkv, self.out_proj = _mats(q, k, v), _mats(o)
-        self.gate_up, self.down = _mats(gate, up), _mats(down)
         n_q, n_kv = cfg.n_head * cfg.n_embd_head_k, cfg.n_head_kv * cfg.n_embd_head_k
         n_v = cfg.n_head_kv * cfg.n_embd_head_v
         self.biases = tuple(_vec(lw, f"{t}.bias", n) if spec.qkv_bias else _NONE
@@ -61,22 +61,19 @@ class _Layer:
         self.q_norm = _vec(lw, "attn_q_norm", hd) if spec.qk_norm else _NONE
         self.k_norm = _vec(lw, "attn_k_norm", hd) if spec.qk_norm else _NONE
         self.attn_norm = _vec(lw, "attn_norm", cfg.n_embd)
-        self.ffn_norm = _vec(lw, "ffn_norm", cfg.n_embd)
         self.post_attn = _vec(lw, "post_attention_norm", cfg.n_embd) if spec.sandwich_norm else _NONE
-        self.post_ffw = _vec(lw, "post_ffw_norm", cfg.n_embd) if spec.sandwich_norm else _NONE
 
 
 def fusable(spec: ArchSpec, lw, n_tok: int) -> bool:
-    """Whether a layer of n_tok tokens can take the fused path: a dense FFN, a batch below the float GEMM's
-    threshold (the integer dots), and every matrix of an integer-dot type."""
-    if spec.moe or not 0 < n_tok < GEMM_MIN_TOKENS or spec.ffn_act not in _GLU_OP:
+    """Whether the attention part of a layer of n_tok tokens can take the fused path: a batch below the float GEMM's
+    threshold (the integer dots) and q, k, v and the output projection of integer-dot types."""
+    if not 0 < n_tok < GEMM_MIN_TOKENS:
         return False
-    names = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-    return all(lw[n].type_name in _FAMILY and lw[n].raw.ndim == 2 for n in names)
+    return all(lw[n].type_name in _FAMILY and lw[n].raw.ndim == 2 for n in _MATRICES)
 
 
-class FusedLayers:
-    """Runs fusable layers (see `fusable`) for a CpuBackend; the caller checks `fusable` first."""
+class FusedAttention:
+    """Runs the attention part of fusable layers (see `fusable`) for a CpuBackend; the caller checks `fusable`."""
 
     def __init__(self) -> None:
         self._layers: dict[int, tuple[object, _Layer]] = {}  # id(lw) -> (lw, its arguments)
@@ -89,8 +86,8 @@ class FusedLayers:
 
     def forward(self, spec: ArchSpec, cfg: ModelConfig, lw, il: int, x: np.ndarray, positions: np.ndarray, kv,
                 rope_tables) -> np.ndarray:
-        """blocks.layer_forward of x (n_tok, n_embd) f32, bit for bit; rope_tables(positions, n_rot, base, scale)
-        gives the backend's cached cos/sin tables."""
+        """The attention part of blocks.layer_forward of x (n_tok, n_embd) f32 (what it adds to x), bit for bit;
+        rope_tables(positions, n_rot, base, scale) gives the backend's cached cos/sin tables."""
         L = self._layer(spec, cfg, lw)
         layer = kv.layers[il]
         positions = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
@@ -108,7 +105,7 @@ class FusedLayers:
             q_scale, kq_scale = kq_scale, 1.0
         n_tok = x.shape[0]
         n_threads = numba.get_num_threads()
-        a = fused_layer.attention_half(
+        return fused_layer.attention_half(
             n_threads, x, eps, L.attn_norm, L.qkv, L.out_proj, _EMPTY_W, _EMPTY_Y,
             L.biases, spec.qkv_bias, L.q_norm, L.k_norm, spec.qk_norm, cfg.n_head, cfg.n_head_kv,
             cfg.n_embd_head_k, cfg.n_embd_head_v, tables.cos, tables.sin, tables.n_rot, cfg.rope_type == "neox",
@@ -118,5 +115,3 @@ class FusedLayers:
             int(positions.max()) + 1,
             np.float32(kq_scale), int(n_swa), _heads_per_item(n_tok, layer.n_head_kv, cfg.n_head), F16_TO_F32,
             L.post_attn, spec.sandwich_norm)
-        return fused_layer.ffn_half(n_threads, x, a, eps, L.ffn_norm, L.gate_up, L.down, _EMPTY_W,
-                                    _EMPTY_Y, _GLU_OP[spec.ffn_act], GELU_F16_TABLE, L.post_ffw, spec.sandwich_norm)

@@ -1,6 +1,6 @@
-"""CpuBackend's fused decode layer (hybrid/cpu_fused.py, kernels_cpu/fused_layer.py) equals the op-by-op path of
-blocks.layer_forward bit for bit: every architecture, KV type, quant mix and a sliding window; and it steps aside
-where it has no fused form (MoE, the float GEMM's batches, float weights)."""
+"""CpuBackend's fused attention (hybrid/cpu_fused.py, kernels_cpu/fused_layer.py) equals the op-by-op path of
+blocks.layer_forward bit for bit: every architecture (MoE's attention too), KV type, quant mix and a sliding window;
+and it steps aside where it has no fused form (the float GEMM's batches, float weights)."""
 
 from __future__ import annotations
 
@@ -33,13 +33,14 @@ STEPS = [list(range(3, 15)), [7], [9, 4, 11], *[[5 + i % 9] for i in range(24)]]
 @pytest.mark.parametrize("arch, mix, kv", [
     ("llama", "Q4_K_M", "f16"), ("qwen2", "Q4_K_M", "f16"), ("qwen3", "Q4_K_M", "q8_0"), ("gemma3", "Q4_K_M", "f16"),
     ("gemma3", "Q4_K_M", "q4_0"), ("llama", "Q5_0", "f16"), ("llama", "Q4_1", "f32"), ("qwen2", "Q6_K", "q8_0"),
+    ("qwen3moe", "Q4_K_M", "f16"),
 ])
 def test_fused_equals_op_by_op(tmp_path, arch, mix, kv):
     eng = _engine(tmp_path, arch, mix, type_k=kv, type_v=kv)
     assert all(fusable(eng.spec, lw, 1) for lw in eng.weights.layers)
     calls = []
-    real = eng._cpu._fused_layers.forward
-    eng._cpu._fused_layers.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
+    real = eng._cpu._fused.forward
+    eng._cpu._fused.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
     fused = _run(eng, True, STEPS)
     assert len(calls) == len(STEPS) * eng.config.n_layer  # every layer of every step took the fused path
     plain = _run(eng, False, STEPS)
@@ -49,8 +50,6 @@ def test_fused_equals_op_by_op(tmp_path, arch, mix, kv):
 
 
 def test_fused_declines_where_it_has_no_form(tmp_path):
-    moe = _engine(tmp_path, "qwen3moe")
-    assert not any(fusable(moe.spec, lw, 1) for lw in moe.weights.layers)
     f16 = _engine(tmp_path, "llama", "F16")
     assert not fusable(f16.spec, f16.weights.layers[0], 1)  # float weights: not an integer-dot type
     llama = _engine(tmp_path, "llama")

@@ -5,9 +5,10 @@ may run them as one pass), get_rows(Weight, ids), rms_norm(x, w, eps), add_rms_n
 and its norm, one pass where the backend can), rms_norm_heads(x, w, eps),
 rope(x, positions, n_rot, base, scale, mode), kv_store(kv, il, k, v, positions),
 attention(q, kv, il, positions, scale, n_swa), glu(gate, up, act), scale(x, s), take_rows(x, rows), zeros(shape),
-scatter_add(out, rows, y, weights), to_host(x), from_host(x), and fused_layer(spec, cfg, lw, il, x, positions, kv):
-the whole of layer_forward in the backend's own fused form, equal to it bit for bit, or None where the backend has
-none for this layer (then the ops above run one by one).
+scatter_add(out, rows, y, weights), to_host(x), from_host(x), and fused_attention(spec, cfg, lw, il, x, positions,
+kv): layer_forward's attention part (from its norm to the post-attention norm: what is added to x) in the backend's
+own fused form, equal to it bit for bit, or None where the backend has none for this layer (then the ops above run
+one by one).
 """
 
 from __future__ import annotations
@@ -23,14 +24,13 @@ from .spec import ArchSpec
 def layer_forward(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], il: int,
                   x: np.ndarray, positions: np.ndarray, kv) -> np.ndarray:
     """One transformer block: x (n_tok, n_embd) float32 -> (n_tok, n_embd)."""
-    fused = be.fused_layer(spec, cfg, lw, il, x, positions, kv)
-    if fused is not None:
-        return fused
     eps = cfg.f_norm_rms_eps
-    h = be.rms_norm(x, lw["attn_norm"].raw, eps)
-    a = attention_block(be, spec, cfg, lw, il, h, positions, kv)
-    if spec.sandwich_norm:
-        a = be.rms_norm(a, lw["post_attention_norm"].raw, eps)
+    a = be.fused_attention(spec, cfg, lw, il, x, positions, kv)
+    if a is None:
+        h = be.rms_norm(x, lw["attn_norm"].raw, eps)
+        a = attention_block(be, spec, cfg, lw, il, h, positions, kv)
+        if spec.sandwich_norm:
+            a = be.rms_norm(a, lw["post_attention_norm"].raw, eps)
     x, h = be.add_rms_norm(x, a, lw["ffn_norm"].raw, eps)  # x + a, and its norm
     f = moe_ffn(be, spec, cfg, lw, h) if spec.moe else ffn(be, spec, lw, h)
     if spec.sandwich_norm:
