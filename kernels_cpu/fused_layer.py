@@ -10,9 +10,8 @@ ran slower than the same drivers called from Python) and gained only ~1 ms a tok
 Only the weight types of the integer-dot families (`FAM_LEGACY`: Q8_0 activations; `FAM_K`: Q8_K) and batches
 below the float GEMM's threshold take this path; the caller checks both.
 
-Norms and RoPE run on the calling thread (a row's result does not depend on the thread that computes it: the
-op-by-op path's parallel form for larger batches gives the same bits), which spares compiling their parallel
-forms into these functions. Weights: uint8 (n_out, row_bytes) read-only raw blocks, `kinds`/`fams` their type
+Norms and RoPE choose their serial or parallel form by size as the op-by-op path does: the two forms are compiled
+apart and (RoPE with fast-math) may round apart, so the same choice is what keeps the bits equal. Weights: uint8 (n_out, row_bytes) read-only raw blocks, `kinds`/`fams` their type
 codes and families (int64); an unused slot is `empty_w` (0 rows) with output `empty_y`. Activations float32
 (n_tok, n).
 """
@@ -67,7 +66,7 @@ def int_dots(x, mats, ys, empty_w, empty_y, n_threads):
 @njit(inline="always")
 def _norm(x, w, eps):
     out = np.empty_like(x)
-    norm._rms_norm_rows_serial(x, w, np.bool_(True), eps, out)  # np.bool_: no literal in the signature
+    norm.rms_norm_rows(x, w, np.bool_(True), eps, out)  # np.bool_: no literal in the signature
     return out
 
 
@@ -98,13 +97,13 @@ def attention_half(n_threads, x, eps, attn_norm, qkv, out_proj, empty_w, empty_y
     if has_qk_norm:
         qn = np.empty_like(q3)
         kn = np.empty_like(k3)
-        norm._rms_norm_rows_serial(q3.reshape((n_tok * n_head, hd_k)), q_norm, np.bool_(True), eps,
+        norm.rms_norm_rows(q3.reshape((n_tok * n_head, hd_k)), q_norm, np.bool_(True), eps,
                                      qn.reshape((n_tok * n_head, hd_k)))
-        norm._rms_norm_rows_serial(k3.reshape((n_tok * n_head_kv, hd_k)), k_norm, np.bool_(True), eps,
+        norm.rms_norm_rows(k3.reshape((n_tok * n_head_kv, hd_k)), k_norm, np.bool_(True), eps,
                                      kn.reshape((n_tok * n_head_kv, hd_k)))
         q3, k3 = qn, kn
-    rope._rope_apply_serial(q3, cos_t, sin_t, n_rot, neox, q3)
-    rope._rope_apply_serial(k3, cos_t, sin_t, n_rot, neox, k3)
+    rope.rope_apply_rows(q3, cos_t, sin_t, n_rot, neox, q3)
+    rope.rope_apply_rows(k3, cos_t, sin_t, n_rot, neox, k3)
     if has_q_scale:
         q3 = q3 * q_scale
     kv_cache._store_kv(kv_k[2], kv_v[2], positions64, k3, v3, code_k, code_v)

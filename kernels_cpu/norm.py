@@ -46,6 +46,16 @@ def _rms_norm_rows_serial(x, w, has_w, eps, out):
         _norm_row(x, w, has_w, eps, out, r)
 
 
+@njit(cache=True)
+def rms_norm_rows(x, w, has_w, eps, out):
+    """_rms_norm_rows for compiled callers: the same choice of the serial or the parallel form (which need not give
+    the same bits: compiled apart, their loops may be vectorized apart)."""
+    if x.size <= SERIAL_MAX_ELEMS:
+        _rms_norm_rows_serial(x, w, has_w, eps, out)
+    else:
+        _rms_norm_rows_par(x, w, has_w, eps, out)
+
+
 def _rms_norm_rows(x, w, has_w, eps, out):
     (_rms_norm_rows_serial if x.size <= SERIAL_MAX_ELEMS else _rms_norm_rows_par)(x, w, has_w, eps, out)
 

@@ -74,6 +74,16 @@ def _rope_apply_serial(x, cos_t, sin_t, n_rot, neox, out):
         _rope_token(x, cos_t, sin_t, n_rot, neox, out, t)
 
 
+@njit(cache=True)
+def rope_apply_rows(x, cos_t, sin_t, n_rot, neox, out):
+    """rope_apply's kernel for compiled callers, with rope_apply's choice of the serial or the parallel form (with
+    fast-math the two may round apart: the choice must be the same for the same bits)."""
+    if x.size <= SERIAL_MAX_ELEMS:
+        _rope_apply_serial(x, cos_t, sin_t, n_rot, neox, out)
+    else:
+        _rope_apply_par(x, cos_t, sin_t, n_rot, neox, out)
+
+
 def rope_yarn_corr_dims(n_rot: int, n_ctx_orig: int, freq_base: float, beta_fast: float = 32.0,
                         beta_slow: float = 1.0) -> tuple[float, float]:
     """YaRN correction dims (low, high), as ggml_rope_yarn_corr_dims (float32 math)."""

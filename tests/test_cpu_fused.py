@@ -12,12 +12,13 @@ from hybrid.cpu_fused import fusable
 from hybrid.engine import Engine, EngineParams
 from hybrid.synth import make_model
 from kernels_cpu.matmul import GEMM_MIN_TOKENS
+from kernels_cpu.norm import SERIAL_MAX_ELEMS
 
 
-def _engine(tmp_path, arch, mix="Q4_K_M", **kw) -> Engine:
+def _engine(tmp_path, arch, mix="Q4_K_M", n_embd=None, **kw) -> Engine:
     path = tmp_path / f"{arch}-{mix}.gguf"
-    make_model(path, arch, "tiny", mix, seed=5, n_layer=2, head_dim=128 if arch == "qwen3" else None)
-    return Engine.load(path, EngineParams(n_ctx=96, **kw))
+    make_model(path, arch, "tiny", mix, seed=5, n_layer=2, head_dim=128 if arch == "qwen3" else None, n_embd=n_embd)
+    return Engine.load(path, EngineParams(n_ctx=96, **kw))  # STEPS fill 80 cells
 
 
 def _run(eng: Engine, fused: bool, steps: list[list[int]]) -> list[np.ndarray]:
@@ -26,18 +27,23 @@ def _run(eng: Engine, fused: bool, steps: list[list[int]]) -> list[np.ndarray]:
     return [np.asarray(eng.eval(tokens, cache)) for tokens in steps]
 
 
-# a prompt of 12, a decode step after it, a small batch, then decode past gemma3's 32-token window
-STEPS = [list(range(3, 15)), [7], [9, 4, 11], *[[5 + i % 9] for i in range(24)]]
+# a prompt of 12, a decode step, a batch of 40 (with 512-wide hidden states or qwen3's 128-wide heads, the norms
+# and RoPE go past SERIAL_MAX_ELEMS to their parallel forms), a small batch, then decode past gemma3's 32-token
+# window
+BIG = 40
+STEPS = [list(range(3, 15)), [7], list(range(20, 20 + BIG)), [9, 4, 11], *[[5 + i % 9] for i in range(24)]]
 
 
-@pytest.mark.parametrize("arch, mix, kv", [
+@pytest.mark.parametrize("arch, mix, kv, n_embd", [(*case, None) for case in [
     ("llama", "Q4_K_M", "f16"), ("qwen2", "Q4_K_M", "f16"), ("qwen3", "Q4_K_M", "q8_0"), ("gemma3", "Q4_K_M", "f16"),
     ("gemma3", "Q4_K_M", "q4_0"), ("llama", "Q5_0", "f16"), ("llama", "Q4_1", "f32"), ("qwen2", "Q6_K", "q8_0"),
     ("qwen3moe", "Q4_K_M", "f16"),
-])
-def test_fused_equals_op_by_op(tmp_path, arch, mix, kv):
-    eng = _engine(tmp_path, arch, mix, type_k=kv, type_v=kv)
+]] + [("llama", "Q4_K_M", "f16", 512), ("gemma3", "Q4_K_M", "q8_0", 512)])
+def test_fused_equals_op_by_op(tmp_path, arch, mix, kv, n_embd):
+    eng = _engine(tmp_path, arch, mix, n_embd, type_k=kv, type_v=kv)
     assert all(fusable(eng.spec, lw, 1) for lw in eng.weights.layers)
+    if n_embd:  # these cases cover the parallel forms of the norms and RoPE (as in Llama 1B's 12-token prompt)
+        assert BIG * eng.config.n_embd > SERIAL_MAX_ELEMS
     calls = []
     real = eng._cpu._fused.forward
     eng._cpu._fused.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
