@@ -4,16 +4,16 @@ equals the op-by-op path (`hybrid/arch/blocks.py` on CpuBackend) bit for bit.
 
 Why: on a small model every op of a decode layer is a few microseconds of work, and each Python-level call costs
 about as much again, more after a matmul has streamed its weights through the caches (Gemma 3 270M: ~5 ms of a
-~30 ms token went to the ~270 small-op calls and the Python between them). The FFN part stays op by op: fused the
-same way it measured 1.2x slower on Llama 1B's 8192-wide FFN (its integer dots, called from compiled code there,
-ran slower than the same drivers called from Python) and gained only ~1 ms a token on the demo model.
+~30 ms token went to the ~270 small-op calls and the Python between them). The FFN part stays op by op: fused
+the same way, Llama 1B's 8192-wide FFN measured 1.2x slower in one build (its integer dots inside the compiled
+call ran slower than the same drivers called from Python) and as fast in another, for ~1 ms a token on the demo.
 Only the weight types of the integer-dot families (`FAM_LEGACY`: Q8_0 activations; `FAM_K`: Q8_K) and batches
 below the float GEMM's threshold take this path; the caller checks both.
 
 Norms and RoPE choose their serial or parallel form by size as the op-by-op path does: the two forms are compiled
-apart and (RoPE with fast-math) may round apart, so the same choice is what keeps the bits equal. Weights: uint8 (n_out, row_bytes) read-only raw blocks, `kinds`/`fams` their type
-codes and families (int64); an unused slot is `empty_w` (0 rows) with output `empty_y`. Activations float32
-(n_tok, n).
+apart and may round apart, so the same choice is what keeps the bits equal. Weights: uint8 (n_out, row_bytes)
+read-only raw blocks, `kinds`/`fams` their type codes and families (int64); an unused slot is `empty_w` (0 rows)
+with output `empty_y`. Activations float32 (n_tok, n).
 """
 
 import numpy as np
