@@ -8,7 +8,7 @@ from gguf_io import quant_spec
 from kernels_cpu import activations, attention, kv_cache, norm, rope
 from kernels_cpu.matmul import matmul, matmuls
 
-from .cpu_fused import FusedAttention, fusable
+from .cpu_fused import FusedLayers, fusable
 from .weights import Weight
 
 
@@ -16,9 +16,9 @@ class CpuBackend:
     name = "cpu"
 
     def __init__(self, fused: bool = True) -> None:
-        # fused: run a decode layer's attention part in one compiled call (cpu_fused); False: every op a call
+        # fused: run a decode layer in two compiled calls (cpu_fused); False: every op a call of its own
         self.fused = fused
-        self._fused = FusedAttention()
+        self._fused = FusedLayers()
         # cos/sin tables of the batch being evaluated, per (n_rot, base, scale): every layer rotates q and k at
         # the same positions, so they are computed once per eval step, not twice a layer; a new batch of
         # positions replaces them
@@ -30,7 +30,14 @@ class CpuBackend:
         (cpu_fused.fusable); else None."""
         if not (self.fused and fusable(spec, lw, x.shape[0])):
             return None
-        return self._fused.forward(spec, cfg, lw, il, x, positions, kv, self._tables)
+        return self._fused.attention(spec, cfg, lw, il, x, positions, kv, self._tables)
+
+    def fused_ffn(self, spec, cfg, lw: dict[str, Weight], x: np.ndarray, a: np.ndarray):
+        """The rest of blocks.layer_forward after the attention part a (x + a, the FFN and the residual) in one
+        compiled call, bit for bit, where the layer allows it (cpu_fused.ffn_fusable); else None."""
+        if not self.fused:
+            return None
+        return self._fused.ffn(spec, cfg, lw, x, a)
 
     def _tables(self, positions: np.ndarray, n_rot: int, base: float, scale: float) -> rope.RopeTables:
         """cos/sin of positions (int32), computed once per batch of positions and rope parameters."""

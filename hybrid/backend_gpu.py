@@ -268,3 +268,7 @@ class GpuBackend:
         """No fused attention on the GPU: blocks.layer_forward runs the ops one by one (they are launched, not called
         from Python one by one, once the decode step is a captured graph)."""
         return None
+
+    def fused_ffn(self, spec, cfg, lw, x, a) -> None:
+        """No fused FFN here either."""
+        return None

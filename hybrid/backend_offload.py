@@ -118,3 +118,7 @@ class OffloadBackend:
     def fused_attention(self, spec, cfg, lw, il: int, x, positions: np.ndarray, kv) -> None:
         """No fused attention here: blocks.layer_forward runs the ops one by one."""
         return None
+
+    def fused_ffn(self, spec, cfg, lw, x, a) -> None:
+        """No fused FFN here either."""
+        return None

@@ -1,5 +1,5 @@
-"""CpuBackend's fused attention: the attention part of a layer of a few tokens in one compiled call
-(kernels_cpu.fused_layer.attention_half), with each layer's weights, type codes and norms gathered once."""
+"""CpuBackend's fused layers: a layer of a few tokens in two compiled calls (kernels_cpu.fused_layer's
+attention_half and ffn_half), with each layer's weights, type codes and norms gathered once."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 
 from gguf_io import ModelConfig
 from kernels_cpu import fused_layer
+from kernels_cpu.activations import GELU_F16_TABLE
 from kernels_cpu.attention import _heads_per_item
 from kernels_cpu.kv_cache import F16_TO_F32, kv_type_code, kv_views
 from kernels_cpu.matmul import _EMPTY_W, _EMPTY_Y, _INT_FAMILIES, GEMM_MIN_TOKENS, KERNELS, _prepare
@@ -19,6 +20,8 @@ from .arch.spec import ArchSpec
 _FAMILY = {name: (fused_layer.FAM_LEGACY if fam == "Q8_0" else fused_layer.FAM_K, code)
            for fam, (codes, _) in _INT_FAMILIES.items() for name, code in codes.items()}
 _MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output")
+_FFN_MATRICES = ("ffn_gate", "ffn_up", "ffn_down")
+_GLU_OP = {"silu": 0, "gelu": 2}  # gelu through ggml's fp16 table, as CpuBackend.glu
 _NONE = np.zeros(1, dtype=np.float32)  # an absent norm or bias (never read)
 _NONE.flags.writeable = False
 
@@ -62,6 +65,11 @@ class _Layer:
         self.k_norm = _vec(lw, "attn_k_norm", hd) if spec.qk_norm else _NONE
         self.attn_norm = _vec(lw, "attn_norm", cfg.n_embd)
         self.post_attn = _vec(lw, "post_attention_norm", cfg.n_embd) if spec.sandwich_norm else _NONE
+        self.ffn = None  # gate_up, down, ffn_norm, post_ffw: where the FFN is fusable too
+        if ffn_fusable(spec, lw):
+            gate, up, down = (_matrix(lw[n]) for n in _FFN_MATRICES)
+            self.ffn = (_mats(gate, up), _mats(down), _vec(lw, "ffn_norm", cfg.n_embd),
+                        _vec(lw, "post_ffw_norm", cfg.n_embd) if spec.sandwich_norm else _NONE)
 
 
 def fusable(spec: ArchSpec, lw, n_tok: int) -> bool:
@@ -72,8 +80,16 @@ def fusable(spec: ArchSpec, lw, n_tok: int) -> bool:
     return all(lw[n].type_name in _FAMILY and lw[n].raw.ndim == 2 for n in _MATRICES)
 
 
-class FusedAttention:
-    """Runs the attention part of fusable layers (see `fusable`) for a CpuBackend; the caller checks `fusable`."""
+def ffn_fusable(spec: ArchSpec, lw) -> bool:
+    """Whether a layer's FFN can take the fused path too (on top of `fusable`): dense, a GLU of CpuBackend's, and
+    gate/up/down of integer-dot types."""
+    if spec.moe or spec.ffn_act not in _GLU_OP:
+        return False
+    return all(lw[n].type_name in _FAMILY and lw[n].raw.ndim == 2 for n in _FFN_MATRICES)
+
+
+class FusedLayers:
+    """Runs fusable layers (see `fusable`, `ffn_fusable`) for a CpuBackend; the caller checks `fusable`."""
 
     def __init__(self) -> None:
         self._layers: dict[int, tuple[object, _Layer]] = {}  # id(lw) -> (lw, its arguments)
@@ -84,8 +100,8 @@ class FusedAttention:
             hit = self._layers[id(lw)] = (lw, _Layer(spec, cfg, lw))
         return hit[1]
 
-    def forward(self, spec: ArchSpec, cfg: ModelConfig, lw, il: int, x: np.ndarray, positions: np.ndarray, kv,
-                rope_tables) -> np.ndarray:
+    def attention(self, spec: ArchSpec, cfg: ModelConfig, lw, il: int, x: np.ndarray, positions: np.ndarray, kv,
+                  rope_tables) -> np.ndarray:
         """The attention part of blocks.layer_forward of x (n_tok, n_embd) f32 (what it adds to x), bit for bit;
         rope_tables(positions, n_rot, base, scale) gives the backend's cached cos/sin tables."""
         L = self._layer(spec, cfg, lw)
@@ -115,3 +131,17 @@ class FusedAttention:
             int(positions.max()) + 1,
             np.float32(kq_scale), int(n_swa), _heads_per_item(n_tok, layer.n_head_kv, cfg.n_head), F16_TO_F32,
             L.post_attn, spec.sandwich_norm)
+
+    def ffn(self, spec: ArchSpec, cfg: ModelConfig, lw, x: np.ndarray, a: np.ndarray) -> np.ndarray | None:
+        """The rest of blocks.layer_forward after the attention part a (x + a, the FFN, the residual), bit for bit;
+        None where the layer's FFN is not fusable (ffn_fusable) or the batch is not (fusable)."""
+        if not fusable(spec, lw, x.shape[0]):
+            return None
+        L = self._layer(spec, cfg, lw)
+        if L.ffn is None:
+            return None
+        gate_up, down, ffn_norm, post_ffw = L.ffn
+        return fused_layer.ffn_half(numba.get_num_threads(), np.ascontiguousarray(x, dtype=np.float32),
+                                    np.ascontiguousarray(a, dtype=np.float32), np.float32(cfg.f_norm_rms_eps),
+                                    ffn_norm, gate_up, down, _EMPTY_W, _EMPTY_Y, _GLU_OP[spec.ffn_act],
+                                    GELU_F16_TABLE, post_ffw, spec.sandwich_norm)

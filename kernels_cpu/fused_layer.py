@@ -1,25 +1,24 @@
-"""The attention part of a dense transformer layer for a few tokens (decode) in one compiled call,
-`attention_half`, instead of ~10 Python-level backend calls: the same kernels in the same order, so the result
-equals the op-by-op path (`hybrid/arch/blocks.py` on CpuBackend) bit for bit.
+"""A dense transformer layer for a few tokens (decode) in two compiled calls, `attention_half` and `ffn_half`,
+instead of ~16 Python-level backend calls: the same kernels in the same order, so the results equal the op-by-op
+path (`hybrid/arch/blocks.py` on CpuBackend) bit for bit.
 
 Why: on a small model every op of a decode layer is a few microseconds of work, and each Python-level call costs
 about as much again, more after a matmul has streamed its weights through the caches (Gemma 3 270M: ~5 ms of a
-~30 ms token went to the ~270 small-op calls and the Python between them). The FFN part stays op by op: fused
-the same way, Llama 1B's 8192-wide FFN measured 1.2x slower in one build (its integer dots inside the compiled
-call ran slower than the same drivers called from Python) and as fast in another, for ~1 ms a token on the demo.
-Only the weight types of the integer-dot families (`FAM_LEGACY`: Q8_0 activations; `FAM_K`: Q8_K) and batches
-below the float GEMM's threshold take this path; the caller checks both.
+~30 ms token went to the ~270 small-op calls and the Python between them). Only the weight types of the
+integer-dot families (`FAM_LEGACY`: Q8_0 activations; `FAM_K`: Q8_K) and batches below the float GEMM's
+threshold take this path; the caller checks both.
 
-Norms and RoPE choose their serial or parallel form by size as the op-by-op path does: the two forms are compiled
-apart and may round apart, so the same choice is what keeps the bits equal. Weights: uint8 (n_out, row_bytes)
-read-only raw blocks, `kinds`/`fams` their type codes and families (int64); an unused slot is `empty_w` (0 rows)
-with output `empty_y`. Activations float32 (n_tok, n).
+Norms, RoPE and the GLU choose their serial or parallel form by size as the op-by-op path does: the two forms are
+compiled apart and may round apart, so the same choice is what keeps the bits equal. Weights: uint8 (n_out,
+row_bytes) read-only raw blocks, `kinds`/`fams` their type codes and families (int64); an unused slot is `empty_w`
+(0 rows) with output `empty_y`. Activations float32 (n_tok, n).
 """
 
 import numpy as np
 from numba import njit
 
 from kernels_cpu import act_quant, attention, kv_cache, norm, rope, vec_dot_k, vec_dot_legacy
+from kernels_cpu.activations import GLU_SERIAL_MAX_ELEMS, _glu_par, _glu_serial
 
 FAM_LEGACY, FAM_K = 1, 2
 TASKS_PER_THREAD, ROWS_PER_BLOCK = 4, 16  # kernels_cpu.matmul's INT_TASKS_PER_THREAD, INT_ROWS_PER_BLOCK
@@ -115,3 +114,34 @@ def attention_half(n_threads, x, eps, attn_norm, qkv, out_proj, empty_w, empty_y
     if has_post_norm:
         a = _norm(a, post_norm, eps)
     return a
+
+
+@njit(inline="always")
+def _glu_rows(g, u, glu_op, gelu_table, out):
+    # kernels_cpu.activations._glu's choice of form, by the same size
+    if g.size <= GLU_SERIAL_MAX_ELEMS:
+        _glu_serial(g.reshape(g.size), u.reshape(u.size), glu_op, gelu_table, out.reshape(out.size))
+    else:
+        _glu_par(g.reshape(g.size), u.reshape(u.size), glu_op, gelu_table, out.reshape(out.size))
+
+
+@njit(cache=True)
+def ffn_half(n_threads, x, a, eps, ffn_norm, gate_up, down, empty_w, empty_y, glu_op, gelu_table, post_norm,
+             has_post_norm):
+    """The rest of blocks.layer_forward after the attention part a, for a dense FFN: x + a, its norm, gate/up, the
+    GLU (op as kernels_cpu.activations: 0 silu, 2 gelu through the fp16 table), down (and gemma3's post-FFN norm),
+    and the residual -> (n_tok, n_embd) f32. gate_up, down: int_dots' weight tuples."""
+    n_tok = x.shape[0]
+    x = x + a
+    h = _norm(x, ffn_norm, eps)
+    n_ff = gate_up[0][0].shape[0]
+    g = np.empty((n_tok, n_ff), dtype=np.float32)
+    u = np.empty((n_tok, n_ff), dtype=np.float32)
+    int_dots(h, gate_up, (g, u, empty_y), empty_w, empty_y, n_threads)
+    act = np.empty((n_tok, n_ff), dtype=np.float32)
+    _glu_rows(g, u, glu_op, gelu_table, act)
+    f = np.empty((n_tok, down[0][0].shape[0]), dtype=np.float32)
+    int_dots(act, down, (f, empty_y, empty_y), empty_w, empty_y, n_threads)
+    if has_post_norm:
+        f = _norm(f, post_norm, eps)
+    return x + f

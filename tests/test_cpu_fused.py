@@ -1,6 +1,7 @@
-"""CpuBackend's fused attention (hybrid/cpu_fused.py, kernels_cpu/fused_layer.py) equals the op-by-op path of
-blocks.layer_forward bit for bit: every architecture (MoE's attention too), KV type, quant mix and a sliding window;
-and it steps aside where it has no fused form (the float GEMM's batches, float weights)."""
+"""CpuBackend's fused layers (hybrid/cpu_fused.py, kernels_cpu/fused_layer.py) equal the op-by-op path of
+blocks.layer_forward bit for bit: every architecture (MoE: its attention), KV type, quant mix, a sliding window and
+batches large enough for the parallel forms of the norms, RoPE and the GLU; and they step aside where they have no
+fused form (the float GEMM's batches, float weights, MoE FFNs)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from hybrid.arch.blocks import layer_forward
-from hybrid.cpu_fused import fusable
+from hybrid.cpu_fused import ffn_fusable, fusable
 from hybrid.engine import Engine, EngineParams
 from hybrid.synth import make_model
 from kernels_cpu.matmul import GEMM_MIN_TOKENS
@@ -44,11 +45,21 @@ def test_fused_equals_op_by_op(tmp_path, arch, mix, kv, n_embd):
     assert all(fusable(eng.spec, lw, 1) for lw in eng.weights.layers)
     if n_embd:  # these cases cover the parallel forms of the norms and RoPE (as in Llama 1B's 12-token prompt)
         assert BIG * eng.config.n_embd > SERIAL_MAX_ELEMS
-    calls = []
-    real = eng._cpu._fused.forward
-    eng._cpu._fused.forward = lambda *a, **k: calls.append(1) or real(*a, **k)
+    calls = {"attention": 0, "ffn": 0}
+
+    def counted(name):
+        real = getattr(eng._cpu._fused, name)
+
+        def run(*a, **k):
+            out = real(*a, **k)
+            calls[name] += out is not None
+            return out
+        return run
+
+    eng._cpu._fused.attention, eng._cpu._fused.ffn = counted("attention"), counted("ffn")
     fused = _run(eng, True, STEPS)
-    assert len(calls) == len(STEPS) * eng.config.n_layer  # every layer of every step took the fused path
+    n = len(STEPS) * eng.config.n_layer  # every layer of every step took the fused path (MoE: its attention)
+    assert calls == {"attention": n, "ffn": 0 if eng.spec.moe else n}
     plain = _run(eng, False, STEPS)
     for step, (a, b) in enumerate(zip(fused, plain)):
         assert np.isfinite(a).all()
@@ -56,8 +67,11 @@ def test_fused_equals_op_by_op(tmp_path, arch, mix, kv, n_embd):
 
 
 def test_fused_declines_where_it_has_no_form(tmp_path):
+    moe = _engine(tmp_path, "qwen3moe")
+    assert not any(ffn_fusable(moe.spec, lw) for lw in moe.weights.layers)
     f16 = _engine(tmp_path, "llama", "F16")
     assert not fusable(f16.spec, f16.weights.layers[0], 1)  # float weights: not an integer-dot type
+    assert not ffn_fusable(f16.spec, f16.weights.layers[0])
     llama = _engine(tmp_path, "llama")
     lw = llama.weights.layers[0]
     assert fusable(llama.spec, lw, GEMM_MIN_TOKENS - 1)

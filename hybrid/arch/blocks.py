@@ -6,9 +6,9 @@ and its norm, one pass where the backend can), rms_norm_heads(x, w, eps),
 rope(x, positions, n_rot, base, scale, mode), kv_store(kv, il, k, v, positions),
 attention(q, kv, il, positions, scale, n_swa), glu(gate, up, act), scale(x, s), take_rows(x, rows), zeros(shape),
 scatter_add(out, rows, y, weights), to_host(x), from_host(x), and fused_attention(spec, cfg, lw, il, x, positions,
-kv): layer_forward's attention part (from its norm to the post-attention norm: what is added to x) in the backend's
-own fused form, equal to it bit for bit, or None where the backend has none for this layer (then the ops above run
-one by one).
+kv): layer_forward's attention part (from its norm to the post-attention norm: what is added to x) and
+fused_ffn(spec, cfg, lw, x, a): the rest (x + a, the FFN, the residual), each in the backend's own fused form, equal
+to the ops bit for bit, or None where the backend has none for this layer (then the ops above run one by one).
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ def layer_forward(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], i
         a = attention_block(be, spec, cfg, lw, il, h, positions, kv)
         if spec.sandwich_norm:
             a = be.rms_norm(a, lw["post_attention_norm"].raw, eps)
+    out = be.fused_ffn(spec, cfg, lw, x, a)
+    if out is not None:
+        return out
     x, h = be.add_rms_norm(x, a, lw["ffn_norm"].raw, eps)  # x + a, and its norm
     f = moe_ffn(be, spec, cfg, lw, h) if spec.moe else ffn(be, spec, lw, h)
     if spec.sandwich_norm:
