@@ -78,8 +78,9 @@ def attention_half(n_threads, x, eps, attn_norm, qkv, out_proj, empty_w, empty_y
     """The attention block of blocks.layer_forward: rms_norm, q/k/v (+ bias), QK-norm, RoPE, q scale, the KV
     store, attention, the output projection (and gemma3's post-attention norm) -> (n_tok, n_embd) f32.
 
-    ws (q, k, v, output) weights; biases (q, k, v) f32 (unused unless has_bias); kv_k/kv_v: the layer's cache
-    (kv_cache.kv_views of k and v, then the raw u8 array); cos_t/sin_t: rope tables of `positions`."""
+    qkv, out_proj: int_dots' weight tuples; biases (q, k, v) f32 (unused unless has_bias); kv_k/kv_v: the layer's
+    cache as kv_cache.kv_views (f32, u16, u8, i8 views); cos_t/sin_t: rope tables of `positions` (int32; positions64
+    the same as int64, as kv_store passes them)."""
     n_tok = x.shape[0]
     h = _norm(x, attn_norm, eps)
     q = np.empty((n_tok, n_head * hd_k), dtype=np.float32)
@@ -97,9 +98,9 @@ def attention_half(n_threads, x, eps, attn_norm, qkv, out_proj, empty_w, empty_y
         qn = np.empty_like(q3)
         kn = np.empty_like(k3)
         norm.rms_norm_rows(q3.reshape((n_tok * n_head, hd_k)), q_norm, np.bool_(True), eps,
-                                     qn.reshape((n_tok * n_head, hd_k)))
+                           qn.reshape((n_tok * n_head, hd_k)))
         norm.rms_norm_rows(k3.reshape((n_tok * n_head_kv, hd_k)), k_norm, np.bool_(True), eps,
-                                     kn.reshape((n_tok * n_head_kv, hd_k)))
+                           kn.reshape((n_tok * n_head_kv, hd_k)))
         q3, k3 = qn, kn
     rope.rope_apply_rows(q3, cos_t, sin_t, n_rot, neox, q3)
     rope.rope_apply_rows(k3, cos_t, sin_t, n_rot, neox, k3)

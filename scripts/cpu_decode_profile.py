@@ -1,17 +1,19 @@
 #!/usr/bin/env python3
 """Where the time of one decode token goes on the CPU (every layer on the CPU), for docs/BENCHMARKS.md.
 
-    python3 scripts/cpu_decode_profile.py [MODEL.gguf] [-t THREADS] [--depth 32] [-n 32] [--json OUT.json]
+    python3 scripts/cpu_decode_profile.py [MODEL.gguf] [-t THREADS] [--depth 32] [-n 32] [--ab 3] [--json OUT.json]
 
 Pins the threads as `hybrid run` does, fills the cache to --depth, then times -n decode steps: the wall time per
-token with the fused layers (CpuBackend's default), then op by op (fused off): the wall time and each CpuBackend op (the calls wrapped with a timer), the matmuls split by weight type and shape with the
-bytes they read and GB/s. The demo model is the default.
+token with the fused layers (CpuBackend's default) and op by op (fused off), alternating --ab times, then op by op
+with each CpuBackend op timed: the wall time and each op (the calls wrapped with a timer), the matmuls split by
+weight type and shape with the bytes they read and GB/s. The demo model is the default.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from collections import defaultdict
@@ -30,6 +32,7 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=32)
     ap.add_argument("-n", type=int, default=32)
     ap.add_argument("--json")
+    ap.add_argument("--ab", type=int, default=3, help="rounds of fused vs op by op, untimed, alternating")
     a = ap.parse_args()
 
     from hybrid.backend_cpu import CpuBackend
@@ -66,7 +69,9 @@ def main() -> None:
 
     for op in OPS:
         setattr(CpuBackend, op, wrap(op, getattr(CpuBackend, op)))
-    def fused_ms() -> float:  # the wall time per token of the fused layers (the default path), unwrapped
+
+    def untimed_ms(fused: bool) -> float:  # the wall time per token, no op timed; fused: CpuBackend's default path
+        eng._cpu.fused = fused
         cache = eng.new_cache()
         eng.eval(list(range(3, 3 + a.depth)), cache)
         eng.eval([5], cache)
@@ -75,7 +80,11 @@ def main() -> None:
             eng.eval([5], cache)
         return 1000 * (time.perf_counter() - t0) / a.n
 
-    fused_wall = fused_ms()
+    walls = {True: [], False: []}
+    for _ in range(a.ab):  # fused and op by op alternating: this machine drifts between runs
+        for fused in (False, True):
+            walls[fused].append(untimed_ms(fused))
+    fused_wall, plain_wall = statistics.median(walls[True]), statistics.median(walls[False])
     eng._cpu.fused = False  # the breakdown below times the ops one by one
     cache = eng.new_cache()
     eng.eval(list(range(3, 3 + a.depth)), cache)
@@ -92,8 +101,9 @@ def main() -> None:
     rows = sorted(times, key=times.get, reverse=True)
     total_w = sum(nbytes.values()) / n
     print(f"{threads.describe()}; model {Path(eng.gguf.path).name if hasattr(eng.gguf, 'path') else ''}")
-    print(f"fused layers (the default): {fused_wall:.2f} ms a token ({1000 / fused_wall:.1f} t/s); op by op, "
-          "each op timed:")
+    print(f"fused layers (the default): {fused_wall:.2f} ms a token ({1000 / fused_wall:.1f} t/s); op by op "
+          f"{plain_wall:.2f} ms: {plain_wall / fused_wall:.3f}x (medians of {a.ab}, alternating)")
+    print("op by op, each op timed:")
     print(f"token: {wall_ms:.2f} ms wall ({1000 / wall_ms:.1f} t/s), depth {a.depth}; weights read "
           f"{total_w / 1e9:.3f} GB a token = {total_w / (wall_ms / 1000) / 1e9:.1f} GB/s over the whole token")
     print(f"{'op':40s} {'calls':>6s} {'us/call':>9s} {'ms/token':>9s} {'GB/s':>7s}")
@@ -107,7 +117,8 @@ def main() -> None:
     other = wall_ms - 1000 * sum(times.values()) / n
     print(f"{'(between ops: Python, residual adds)':40s} {'':6s} {'':9s} {other:9.3f}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"threads": threads.n_threads, "fused_ms_per_token": fused_wall, "wall_ms_per_token": wall_ms,
+        Path(a.json).write_text(json.dumps({"threads": threads.n_threads, "fused_ms_per_token": fused_wall,
+                                            "op_by_op_ms_per_token": plain_wall, "wall_ms_per_token": wall_ms,
                                             "ops": out_rows, "between_ops_ms": other}, indent=1))
 
 
