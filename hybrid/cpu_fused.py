@@ -53,7 +53,14 @@ def _mats(*mats) -> tuple:
 class _Layer:
     """One layer's fixed arguments of attention_half / ffn_half."""
 
-    def __init__(self, spec: ArchSpec, cfg: ModelConfig, lw) -> None:
+    def __init__(self, spec: ArchSpec, cfg: ModelConfig, lw, il: int) -> None:
+        base, fscale, n_swa = rope_params(cfg, il)
+        kq_scale, q_scale = cfg.f_attention_scale, 1.0
+        if not spec.q_scale_in_attention:  # gemma3 scales q before attention and uses a unit kq scale
+            q_scale, kq_scale = kq_scale, 1.0
+        self.rope = (cfg.n_rot, base, fscale)
+        self.scales = np.float32(q_scale), np.float32(kq_scale), int(n_swa)
+        self.eps = np.float32(cfg.f_norm_rms_eps)
         q, k, v, o = (_matrix(lw[n]) for n in _MATRICES)
         self.qkv, self.out_proj = _mats(q, k, v), _mats(o)
         n_q, n_kv = cfg.n_head * cfg.n_embd_head_k, cfg.n_head_kv * cfg.n_embd_head_k
@@ -93,55 +100,74 @@ class FusedLayers:
 
     def __init__(self) -> None:
         self._layers: dict[int, tuple[object, _Layer]] = {}  # id(lw) -> (lw, its arguments)
+        # what every layer of an eval step shares (positions checked and converted, n_kv, threads, heads per
+        # attention work item), and the views of the last KV cache's layers: Python between the compiled calls
+        # runs slowly after the weights' streams have swept the caches, so it is done once, not per layer
+        self._step: tuple = ()
+        self._kv, self._kv_views = None, {}
 
-    def _layer(self, spec, cfg, lw) -> _Layer:
+    def _layer(self, spec, cfg, lw, il) -> _Layer:
         hit = self._layers.get(id(lw))
         if hit is None or hit[0] is not lw:
-            hit = self._layers[id(lw)] = (lw, _Layer(spec, cfg, lw))
+            hit = self._layers[id(lw)] = (lw, _Layer(spec, cfg, lw, il))
         return hit[1]
+
+    def _positions(self, cfg: ModelConfig, positions: np.ndarray, n_ctx: int) -> tuple:
+        """(positions int32, int64, n_kv, threads, heads per item) of a batch, checked against the cache's n_ctx."""
+        pos = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
+        n_threads = numba.get_num_threads()  # in the key: `hybrid bench -t 1,2` changes it between steps
+        key = (pos.tobytes(), n_ctx, n_threads)
+        if self._step and self._step[0] == key:
+            return self._step[1]
+        if pos.min() < 0 or pos.max() >= n_ctx:
+            bad = pos[(pos < 0) | (pos >= n_ctx)][0]
+            raise ValueError(f"kv_store: positions must lie in [0, {n_ctx}), found {bad}")
+        shared = (pos, pos.astype(np.int64), int(pos.max()) + 1, n_threads,
+                  _heads_per_item(pos.shape[0], cfg.n_head_kv, cfg.n_head))
+        self._step = (key, shared)
+        return shared
+
+    def _views(self, kv, il: int) -> tuple:
+        """(k views, v views, k type code, v type code, n_ctx) of layer il of the KV cache kv."""
+        if self._kv is not kv:
+            self._kv, self._kv_views = kv, {}
+        layer = kv.layers[il]
+        hit = self._kv_views.get(il)
+        if hit is None or hit[0] is not layer:
+            hit = self._kv_views[il] = (layer, (*kv_views(layer.k, layer.type_k),), (*kv_views(layer.v, layer.type_v),),
+                                        kv_type_code(layer.type_k), kv_type_code(layer.type_v), layer.n_ctx)
+        return hit[1:]
 
     def attention(self, spec: ArchSpec, cfg: ModelConfig, lw, il: int, x: np.ndarray, positions: np.ndarray, kv,
                   rope_tables) -> np.ndarray:
         """The attention part of blocks.layer_forward of x (n_tok, n_embd) f32 (what it adds to x), bit for bit;
         rope_tables(positions, n_rot, base, scale) gives the backend's cached cos/sin tables."""
-        L = self._layer(spec, cfg, lw)
-        layer = kv.layers[il]
-        positions = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
-        if positions.min() < 0 or positions.max() >= layer.n_ctx:
-            bad = positions[(positions < 0) | (positions >= layer.n_ctx)][0]
-            raise ValueError(f"kv_store: positions must lie in [0, {layer.n_ctx}), found {bad}")
+        L = self._layer(spec, cfg, lw, il)
+        k_views, v_views, code_k, code_v, n_ctx = self._views(kv, il)
+        pos, pos64, n_kv, n_threads, hpi = self._positions(cfg, positions, n_ctx)
         if cfg.rope_type not in ROPE_MODES:
             raise ValueError(f"rope: mode must be one of {sorted(ROPE_MODES)}, found {cfg.rope_type!r}")
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        eps = np.float32(cfg.f_norm_rms_eps)
-        base, fscale, n_swa = rope_params(cfg, il)
-        tables = rope_tables(positions, cfg.n_rot, base, fscale)
-        kq_scale, q_scale = cfg.f_attention_scale, 1.0
-        if not spec.q_scale_in_attention:  # gemma3 scales q before attention and uses a unit kq scale
-            q_scale, kq_scale = kq_scale, 1.0
-        n_tok = x.shape[0]
-        n_threads = numba.get_num_threads()
+        tables = rope_tables(pos, *L.rope)
+        q_scale, kq_scale, n_swa = L.scales
         return fused_layer.attention_half(
-            n_threads, x, eps, L.attn_norm, L.qkv, L.out_proj, _EMPTY_W, _EMPTY_Y,
-            L.biases, spec.qkv_bias, L.q_norm, L.k_norm, spec.qk_norm, cfg.n_head, cfg.n_head_kv,
+            n_threads, np.ascontiguousarray(x, dtype=np.float32), L.eps, L.attn_norm, L.qkv, L.out_proj, _EMPTY_W,
+            _EMPTY_Y, L.biases, spec.qkv_bias, L.q_norm, L.k_norm, spec.qk_norm, cfg.n_head, cfg.n_head_kv,
             cfg.n_embd_head_k, cfg.n_embd_head_v, tables.cos, tables.sin, tables.n_rot, cfg.rope_type == "neox",
-            np.float32(q_scale), not spec.q_scale_in_attention,
-            (*kv_views(layer.k, layer.type_k),), (*kv_views(layer.v, layer.type_v),),
-            kv_type_code(layer.type_k), kv_type_code(layer.type_v), positions, positions.astype(np.int64),
-            int(positions.max()) + 1,
-            np.float32(kq_scale), int(n_swa), _heads_per_item(n_tok, layer.n_head_kv, cfg.n_head), F16_TO_F32,
-            L.post_attn, spec.sandwich_norm)
+            q_scale, not spec.q_scale_in_attention, k_views, v_views, code_k, code_v, pos, pos64, n_kv, kq_scale,
+            n_swa, hpi, F16_TO_F32, L.post_attn, spec.sandwich_norm)
 
     def ffn(self, spec: ArchSpec, cfg: ModelConfig, lw, x: np.ndarray, a: np.ndarray) -> np.ndarray | None:
         """The rest of blocks.layer_forward after the attention part a (x + a, the FFN, the residual), bit for bit;
         None where the layer's FFN is not fusable (ffn_fusable) or the batch is not (fusable)."""
         if not fusable(spec, lw, x.shape[0]):
             return None
-        L = self._layer(spec, cfg, lw)
-        if L.ffn is None:
+        hit = self._layers.get(id(lw))  # the attention part made it (no il here)
+        if hit is None or hit[0] is not lw or hit[1].ffn is None:
             return None
+        L = hit[1]
         gate_up, down, ffn_norm, post_ffw = L.ffn
-        return fused_layer.ffn_half(numba.get_num_threads(), np.ascontiguousarray(x, dtype=np.float32),
-                                    np.ascontiguousarray(a, dtype=np.float32), np.float32(cfg.f_norm_rms_eps),
-                                    ffn_norm, gate_up, down, _EMPTY_W, _EMPTY_Y, _GLU_OP[spec.ffn_act],
-                                    GELU_F16_TABLE, post_ffw, spec.sandwich_norm)
+        n_threads = self._step[1][3] if self._step else numba.get_num_threads()
+        return fused_layer.ffn_half(n_threads, np.ascontiguousarray(x, dtype=np.float32),
+                                    np.ascontiguousarray(a, dtype=np.float32), L.eps, ffn_norm, gate_up, down,
+                                    _EMPTY_W, _EMPTY_Y, _GLU_OP[spec.ffn_act], GELU_F16_TABLE, post_ffw,
+                                    spec.sandwich_norm)
