@@ -94,9 +94,15 @@ def _glu_serial(gate, up, op, table, out):
 GLU_SERIAL_MAX_ELEMS = 4096
 
 
-def _glu(gate, up, op, table, out):
-    # one token of a small model's FFN: the calling thread alone (waking the workers costs more than the work)
-    (_glu_serial if gate.shape[0] <= GLU_SERIAL_MAX_ELEMS else _glu_par)(gate, up, op, table, out)
+@njit(cache=True)
+def glu_rows(gate, up, op, table, out):
+    """gate, up, out f32 (n,): out = act(gate) * up, op as _glu_one. One token of a small model's FFN on the calling
+    thread (waking the workers costs more than the work), larger ones in parallel: the one place that choice is
+    made, for the GLUs here and for compiled callers (kernels_cpu.fused_layer) alike."""
+    if gate.shape[0] <= GLU_SERIAL_MAX_ELEMS:
+        _glu_serial(gate, up, op, table, out)
+    else:
+        _glu_par(gate, up, op, table, out)
 
 
 @njit(cache=True, fastmath=True, parallel=True)
@@ -158,7 +164,7 @@ def _glu_apply(gate: np.ndarray, up: np.ndarray, op: int, out: np.ndarray | None
     if gate.shape != up.shape:
         raise ValueError(f"{name}: gate and up must have one shape, found {gate.shape} and {up.shape}")
     out = _out_like(gate, out, name)
-    _glu(_flat(gate, name), _flat(up, name), op, GELU_F16_TABLE, out.reshape(-1))
+    glu_rows(_flat(gate, name), _flat(up, name), op, GELU_F16_TABLE, out.reshape(-1))
     return out
 
 

@@ -8,20 +8,21 @@ about as much again, more after a matmul has streamed its weights through the ca
 integer-dot families (`FAM_LEGACY`: Q8_0 activations; `FAM_K`: Q8_K) and batches below the float GEMM's
 threshold take this path; the caller checks both.
 
-Norms, RoPE and the GLU choose their serial or parallel form by size as the op-by-op path does: the two forms are
-compiled apart and may round apart, so the same choice is what keeps the bits equal. Weights: uint8 (n_out,
-row_bytes) read-only raw blocks, `kinds`/`fams` their type codes and families (int64); an unused slot is `empty_w`
-(0 rows) with output `empty_y`. Activations float32 (n_tok, n).
+Norms, RoPE and the GLU go through the op-by-op path's own choosers of their serial or parallel form
+(norm.rms_norm_rows, rope.rope_apply_rows, activations.glu_rows): the two forms may round apart. Weights: uint8
+(n_out, row_bytes) read-only raw blocks, `kinds`/`fams` their type codes and families (int64); an unused slot is
+`empty_w` (0 rows) with output `empty_y`. Activations float32 (n_tok, n).
 """
 
 import numpy as np
 from numba import njit
 
 from kernels_cpu import act_quant, attention, kv_cache, norm, rope, vec_dot_k, vec_dot_legacy
-from kernels_cpu.activations import GLU_SERIAL_MAX_ELEMS, _glu_par, _glu_serial
+from kernels_cpu.activations import glu_rows
+from kernels_cpu.matmul import INT_ROWS_PER_BLOCK as ROWS_PER_BLOCK
+from kernels_cpu.matmul import INT_TASKS_PER_THREAD as TASKS_PER_THREAD
 
 FAM_LEGACY, FAM_K = 1, 2
-TASKS_PER_THREAD, ROWS_PER_BLOCK = 4, 16  # kernels_cpu.matmul's INT_TASKS_PER_THREAD, INT_ROWS_PER_BLOCK
 
 
 @njit(cache=True)
@@ -117,15 +118,6 @@ def attention_half(n_threads, x, eps, attn_norm, qkv, out_proj, empty_w, empty_y
     return a
 
 
-@njit(inline="always")
-def _glu_rows(g, u, glu_op, gelu_table, out):
-    # kernels_cpu.activations._glu's choice of form, by the same size
-    if g.size <= GLU_SERIAL_MAX_ELEMS:
-        _glu_serial(g.reshape(g.size), u.reshape(u.size), glu_op, gelu_table, out.reshape(out.size))
-    else:
-        _glu_par(g.reshape(g.size), u.reshape(u.size), glu_op, gelu_table, out.reshape(out.size))
-
-
 @njit(cache=True)
 def ffn_half(n_threads, x, a, eps, ffn_norm, gate_up, down, empty_w, empty_y, glu_op, gelu_table, post_norm,
              has_post_norm):
@@ -140,7 +132,7 @@ def ffn_half(n_threads, x, a, eps, ffn_norm, gate_up, down, empty_w, empty_y, gl
     u = np.empty((n_tok, n_ff), dtype=np.float32)
     int_dots(h, gate_up, (g, u, empty_y), empty_w, empty_y, n_threads)
     act = np.empty((n_tok, n_ff), dtype=np.float32)
-    _glu_rows(g, u, glu_op, gelu_table, act)
+    glu_rows(g.reshape(g.size), u.reshape(u.size), glu_op, gelu_table, act.reshape(act.size))
     f = np.empty((n_tok, down[0][0].shape[0]), dtype=np.float32)
     int_dots(act, down, (f, empty_y, empty_y), empty_w, empty_y, n_threads)
     if has_post_norm:

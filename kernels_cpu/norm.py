@@ -48,16 +48,13 @@ def _rms_norm_rows_serial(x, w, has_w, eps, out):
 
 @njit(cache=True)
 def rms_norm_rows(x, w, has_w, eps, out):
-    """_rms_norm_rows for compiled callers: the same choice of the serial or the parallel form (which need not give
-    the same bits: compiled apart, their loops may be vectorized apart)."""
+    """x (n_rows, n) f32 C-contiguous, w (n,) f32 (ignored unless has_w), eps f32 -> out (may be x): the serial form
+    for a small x, the parallel one above SERIAL_MAX_ELEMS. The one place that choice is made, for rms_norm and for
+    compiled callers (kernels_cpu.fused_layer) alike: compiled apart, the two forms need not give the same bits."""
     if x.size <= SERIAL_MAX_ELEMS:
         _rms_norm_rows_serial(x, w, has_w, eps, out)
     else:
         _rms_norm_rows_par(x, w, has_w, eps, out)
-
-
-def _rms_norm_rows(x, w, has_w, eps, out):
-    (_rms_norm_rows_serial if x.size <= SERIAL_MAX_ELEMS else _rms_norm_rows_par)(x, w, has_w, eps, out)
 
 
 def _weight(w: np.ndarray | None, n: int) -> tuple[np.ndarray, bool]:
@@ -86,7 +83,7 @@ def rms_norm(x: np.ndarray, w: np.ndarray | None, eps: float, out: np.ndarray | 
     x = np.ascontiguousarray(x)
     w, has_w = _weight(w, x.shape[1])
     out = _out(x, out)
-    _rms_norm_rows(x, w, has_w, np.float32(eps), out)
+    rms_norm_rows(x, w, has_w, np.float32(eps), out)
     return out
 
 
@@ -100,6 +97,6 @@ def rms_norm_heads(x: np.ndarray, w: np.ndarray | None, eps: float, out: np.ndar
     out = _out(x, out)
     n_tok, n_head, head_dim = x.shape
     w, has_w = _weight(w, head_dim)
-    _rms_norm_rows(x.reshape(n_tok * n_head, head_dim), w, has_w, np.float32(eps),
+    rms_norm_rows(x.reshape(n_tok * n_head, head_dim), w, has_w, np.float32(eps),
                    out.reshape(n_tok * n_head, head_dim))
     return out

@@ -76,8 +76,9 @@ def _rope_apply_serial(x, cos_t, sin_t, n_rot, neox, out):
 
 @njit(cache=True)
 def rope_apply_rows(x, cos_t, sin_t, n_rot, neox, out):
-    """rope_apply's kernel for compiled callers, with rope_apply's choice of the serial or the parallel form (with
-    fast-math the two may round apart: the choice must be the same for the same bits)."""
+    """x (n_tok, n_head, head_dim) f32 rotated by per-token tables -> out (may be x): one token (decode) on the
+    calling thread, larger x in parallel. The one place that choice is made, for rope_apply and for compiled
+    callers (kernels_cpu.fused_layer) alike: with fast-math the two forms may round apart."""
     if x.size <= SERIAL_MAX_ELEMS:
         _rope_apply_serial(x, cos_t, sin_t, n_rot, neox, out)
     else:
@@ -141,9 +142,7 @@ def rope_apply(x: np.ndarray, tables: RopeTables, mode: str = "norm", out: np.nd
         out = np.empty(x.shape, dtype=np.float32)
     elif out.shape != x.shape or out.dtype != np.float32:
         raise ValueError(f"rope: out must be float32 {x.shape}, found {out.dtype} {out.shape}")
-    # one token (decode): the calling thread alone, waking the workers costs more than the work
-    kernel = _rope_apply_serial if x.size <= SERIAL_MAX_ELEMS else _rope_apply_par
-    kernel(x, tables.cos, tables.sin, tables.n_rot, mode == "neox", out)
+    rope_apply_rows(x, tables.cos, tables.sin, tables.n_rot, mode == "neox", out)
     return out
 
 
