@@ -11,7 +11,7 @@ from kernels_cpu import fused_layer
 from kernels_cpu.activations import GELU_F16_TABLE
 from kernels_cpu.attention import _heads_per_item
 from kernels_cpu.kv_cache import F16_TO_F32, kv_type_code, kv_views
-from kernels_cpu.matmul import _EMPTY_W, _EMPTY_Y, _INT_FAMILIES, GEMM_MIN_TOKENS, KERNELS, _prepare
+from kernels_cpu.matmul import _EMPTY_W, _EMPTY_Y, _INT_FAMILIES, GEMM_MIN_TOKENS, _kernel, _prepare
 from kernels_cpu.rope import ROPE_MODES
 
 from .arch.blocks import rope_params
@@ -37,7 +37,7 @@ def _vec(lw, name: str, n: int) -> np.ndarray:
 
 def _matrix(w) -> tuple[np.ndarray, int, int]:
     """(raw blocks as a read-only plain ndarray, family, kind code) of a matrix, checked as matmul checks it."""
-    kernel = KERNELS[w.type_name]
+    kernel = _kernel(w.type_name)
     n_in = w.raw.shape[-1] // kernel.type_size * kernel.block_size
     _, raw, _, _ = _prepare(w.raw, w.type_name, np.empty((1, n_in), dtype=np.float32))
     return (raw, *_FAMILY[w.type_name])

@@ -25,6 +25,7 @@ from .memlock import prepare_cpu_weights
 from .numa import check_mode as check_numa_mode
 from .offload import gpu_overhead_bytes, make_op_offload
 from .placement import PlacementPlan, plan
+from .repack import repack_weights
 from .sampling import Sampler, SamplingParams
 from .tokenizer import Tokenizer
 from .weights import ModelWeights, check_layers, load_weights
@@ -48,6 +49,7 @@ class EngineParams:
     # op offload: big prefill batches run the CPU layers on the GPU, weights streamed (hybrid/offload.py). The CLI
     # turns it on (llama.cpp's default; --no-op-offload); off here, so a library caller's -ngl 0 stays on the CPU.
     op_offload: bool = False
+    repack: bool = True  # --no-repack: False keeps the CPU layers' Q4_K matrices as in the file (hybrid/repack.py)
 
 
 @dataclass
@@ -124,6 +126,12 @@ class Engine:
         except BaseException:
             f.close()
             raise
+        if params.repack and engine.op_offload is None:  # op offload streams the CPU layers' blocks as they are
+            cpu_layers = [il for il, be in enumerate(engine.backends) if isinstance(be, CpuBackend)]
+            done = repack_weights(engine.weights, cpu_layers, isinstance(engine.output_backend, CpuBackend))
+            if done.n_matrices and progress:
+                progress(f"repack: {done.n_matrices} Q4_K matrices interleaved by 8 rows for the CPU "
+                         f"({done.n_bytes / 2**20:.1f} MiB)")
         notes, _ = prepare_cpu_weights(engine.weights, params.numa, params.use_mlock)  # after the GPU took its layers
         for msg in notes:
             if progress:

@@ -28,6 +28,7 @@ class CpuKernel:
     type_size: int  # bytes per block
     vec_dot_type: str  # what the activations are converted to: "F32", "F16", "BF16", "Q8_0", "Q8_K"
     run: Callable[[np.ndarray, np.ndarray, np.ndarray], None]  # (w_raw, x 2-D, y 2-D) -> None, fills y
+    row_group: int = 1  # the rows come in groups of this many (repacked layouts)
 
 
 # Batches of at least this many tokens go through the float32 GEMM (weights decoded once per row block);
@@ -140,7 +141,7 @@ _INT_FAMILIES = {
               "Q5_1": vec_dot_legacy.Q5_1, "Q8_0": vec_dot_legacy.Q8_0, "IQ4_NL": vec_dot_legacy.IQ4_NL},
              _legacy_dots),
     "Q8_K": ({"Q2_K": vec_dot_k.Q2_K, "Q3_K": vec_dot_k.Q3_K, "Q4_K": vec_dot_k.Q4_K, "Q5_K": vec_dot_k.Q5_K,
-              "Q6_K": vec_dot_k.Q6_K, "IQ4_XS": vec_dot_k.IQ4_XS}, _k_dots),
+              "Q6_K": vec_dot_k.Q6_K, "IQ4_XS": vec_dot_k.IQ4_XS, "Q4_K_X8": vec_dot_k.Q4_K_X8}, _k_dots),
 }
 
 
@@ -164,10 +165,17 @@ KERNELS: dict[str, CpuKernel] = {
     "IQ4_XS": CpuKernel("IQ4_XS", 256, 136, "Q8_K", _k_runner(_K.IQ4_XS)),
 }
 
+# Layouts of our own that hybrid.repack makes at load from a GGML type (the rows of a matrix interleaved by 8 for
+# the integer dots; the float GEMM decodes them to the same floats as the original type). Not GGML types: no file
+# holds them, and the GPU never sees them.
+REPACKED: dict[str, CpuKernel] = {
+    "Q4_K_X8": CpuKernel("Q4_K_X8", 256, 148, "Q8_K", _k_runner(_K.Q4_K_X8), row_group=8),
+}
+
 
 def _kernel(type_name) -> CpuKernel:
     try:
-        return KERNELS[type_name]
+        return KERNELS[type_name] if type_name in KERNELS else REPACKED[type_name]
     except (KeyError, TypeError):
         raise UnsupportedQuantType(
             f"no CPU matmul kernel for GGML type {type_name!r}; supported: {', '.join(KERNELS)}"
@@ -198,6 +206,8 @@ def _prepare(w_raw, type_name, x):
         raise ValueError(
             f"w_raw rows of {row_bytes} bytes are not whole {type_name} blocks of {kernel.type_size} bytes"
         )
+    if n_out % kernel.row_group:
+        raise ValueError(f"a {type_name} matrix holds whole groups of {kernel.row_group} rows, found {n_out} rows")
     n_in = row_bytes // kernel.type_size * kernel.block_size
     if x.shape[-1] != n_in:
         raise ValueError(f"x has {x.shape[-1]} features but the {type_name} weight rows hold {n_in}")

@@ -16,6 +16,7 @@ Weight offsets are linear byte offsets into the C-contiguous (n_out, row_bytes) 
 import numpy as np
 from numba import njit, prange
 
+from kernels_cpu import q4_k_x8
 from kernels_cpu.sched import next_task
 from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32, load_i16x16, load_nib16, load_u32,
                               prefetch, store_scaled, zero_f32)
@@ -27,8 +28,9 @@ from kernels_cpu.vec_dot_legacy import KVALUES_IQ4NL, prefetch_distance
 
 QK_K = 256
 PREFETCH_BYTES = 4096
-Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = 0, 1, 2, 3, 4, 5  # type codes (one compiled driver for all six)
-TYPE_SIZE = np.array([84, 110, 144, 176, 210, 136], dtype=np.int64)
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = 0, 1, 2, 3, 4, 5  # type codes (one compiled driver for all of them)
+Q4_K_X8 = 6  # Q4_K rows interleaved by 8 (kernels_cpu.q4_k_x8): calls cover whole groups of 8 rows
+TYPE_SIZE = np.array([84, 110, 144, 176, 210, 136, 148], dtype=np.int64)
 
 
 # -- scales -----------------------------------------------------------------------------------------------------
@@ -337,7 +339,10 @@ def dot2_iq4_xs(w, wo, rb, xq, xd, bsums, nb):
 def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, bsums, y, nb):
     """y[r] = row r . one token for r0 <= r < r1, two rows at a time (an odd last row goes twice);
     w the flat weight bytes, xq/xd/bsums/y the token's rows. One loop per type: each inlines its own dot2."""
-    if kind == Q4_K:
+    if kind == Q4_K_X8:  # r0, r1: multiples of 8
+        for r in range(r0, r1, 8):
+            q4_k_x8.dot8_q4_k_x8(w, r * row_bytes, xq, xd, bsums, nb, y, r)
+    elif kind == Q4_K:
         for r in range(r0, r1, 2):
             rb = row_bytes if r + 1 < r1 else 0
             v0, v1 = dot2_q4_k(w, r * row_bytes, rb, xq, xd, bsums, nb)
@@ -423,6 +428,9 @@ def matmul_q8_k_act(w0, w1, w2, k0, k1, k2, xq, xd, bsums, y0, y1, y2, rows_per_
 @njit(cache=True, fastmath=True)
 def decode_row_f32(kind, w, wo, nb, out, oo):
     """Row of `kind` at byte wo (nb super-blocks) -> float32 out[oo:oo + 256 nb] (ggml's dequantize)."""
+    if kind == Q4_K_X8:
+        q4_k_x8.decode_row_f32(w, wo, nb, out, oo)
+        return
     for i in range(nb):
         ob = oo + i * QK_K
         if kind == Q4_K or kind == Q5_K:

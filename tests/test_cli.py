@@ -137,6 +137,15 @@ def test_bench_json_fields(fixtures_dir):
         assert row["avg_ts"] > 0 and len(row["samples_ts"]) == 2
 
 
+def test_bench_sweeps_no_repack(fixtures_dir):
+    r = hybrid("bench", "-m", str(fixtures_dir / "arch" / "llama-q4_k_m.gguf"), "-p", "0", "-n", "4", "-r", "1",
+               "-t", "1", "-nr", "0,1", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert [row["no_repack"] for row in json.loads(r.stdout)] == [0, 1]
+    r = hybrid("run", str(fixtures_dir / "arch" / "llama-q4_k_m.gguf"), "-p", "Once", "-n", "2", "--no-repack")
+    assert r.returncode == 0, r.stderr
+
+
 def test_chat_keeps_cache_between_turns(fixtures_dir):
     r = hybrid("chat", str(fixtures_dir / "arch" / "qwen2-q4_k_m.gguf"), "-n", "4", "--temp", "0",
                input="Hello\nAgain\n")

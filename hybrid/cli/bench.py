@@ -48,6 +48,9 @@ def bench(
     nopo: Annotated[str, typer.Option("-nopo", "--no-op-offload", help="1: the CPU layers' prefill stays on the CPU; "
                                       "0: batches of >= 32 tokens run them on the GPU, weights streamed (comma-separated "
                                       "to compare).")] = "0",
+    no_repack: Annotated[str, typer.Option("-nr", "--no-repack", help="1: the CPU layers' Q4_K weights stay as in the "
+                                           "file; 0: repacked into 8-row groups at load (comma-separated to "
+                                           "compare).")] = "0",
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed repetitions per test.")] = 5,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, json, csv.")] = "md",
     numa: NumaOpt = None,
@@ -72,9 +75,9 @@ def bench(
     machine = probe_machine()
     rows: list[dict] = []
     combos = itertools.product(_ints(ngl, "-ngl"), _strs(ctk), _strs(ctv), _ints(fa, "-fa"), _ints(batch, "-b"),
-                               _ints(ubatch, "-ub"), _ints(threads, "-t"), _ints(nopo, "-nopo"))
-    for n_gl, tk, tv, fa_on, b, ub, t, po_off in combos:
-        params = EngineParams(4096, b, ub, tk, tv, t, **{**sysp, "op_offload": not po_off})
+                               _ints(ubatch, "-ub"), _ints(threads, "-t"), _ints(nopo, "-nopo"), _ints(no_repack, "-nr"))
+    for n_gl, tk, tv, fa_on, b, ub, t, po_off, nr in combos:
+        params = EngineParams(4096, b, ub, tk, tv, t, **{**sysp, "op_offload": not po_off, "repack": not nr})
         engine, _ = load_engine(model, params, str(n_gl))
         import numba  # noqa: PLC0415 - the thread count in effect
 
@@ -82,11 +85,12 @@ def bench(
         for res in run_bench(engine, tests, reps):
             rows.append(_row(engine, res, machine, n_threads, n_gl, tk, tv, fa_on, b, ub))
             rows[-1]["no_op_offload"] = int(bool(po_off))
+            rows[-1]["no_repack"] = int(bool(nr))
             rows[-1]["op_offload"] = _op_offload(engine)  # batches the GPU ran for CPU layers, bytes streamed
             rows[-1]["gpu_decode"] = _gpu_decode(engine)  # CUDA graphs, or eager launches and why
             if output == "md":
                 note(f"{rows[-1]['test']}: {res.avg_ts:.2f} ± {res.stddev_ts:.2f} t/s (t={n_threads}, "
-                     f"nopo={int(bool(po_off))})")
+                     f"nopo={int(bool(po_off))}, nr={int(bool(nr))})")
         if rows and rows[-1]["gpu_decode"]:
             note(f"GPU decode: {rows[-1]['gpu_decode']}")
         engine.close()

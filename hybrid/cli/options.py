@@ -50,6 +50,12 @@ NoOpOffloadOpt = Annotated[
                       "their weights on the GPU, streamed over PCIe, as llama.cpp does)."),
 ]
 NoMmapOpt = Annotated[bool, typer.Option("--no-mmap", help="Read the model into memory instead of memory-mapping it.")]
+NoRepackOpt = Annotated[
+    bool,
+    typer.Option("-nr", "--no-repack",
+                 help="Keep the CPU layers' Q4_K weights as in the file (by default they are copied at load into "
+                      "8-row groups the CPU reads faster, as llama.cpp repacks; the file's pages are given back)."),
+]
 CpuMaskOpt = Annotated[
     Optional[str],
     typer.Option("-C", "--cpu-mask",

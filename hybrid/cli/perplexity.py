@@ -12,7 +12,7 @@ from hybrid.perplexity import chunk_tokens, perplexity as run_perplexity
 
 from .common import ModelArg
 from .options import (BatchOpt, CpuMaskOpt, CpuRangeOpt, CtkOpt, CtvOpt, CtxOpt, MlockOpt, NglOpt, NoMmapOpt,
-                      NoOpOffloadOpt, NumaOpt, ThreadsOpt, UBatchOpt)
+                      NoOpOffloadOpt, NoRepackOpt, NumaOpt, ThreadsOpt, UBatchOpt)
 from .session import load_engine, note, system_params
 
 
@@ -31,6 +31,7 @@ def perplexity(
     mlock: MlockOpt = False,
     no_mmap: NoMmapOpt = False,
     no_op_offload: NoOpOffloadOpt = False,
+    no_repack: NoRepackOpt = False,
     cpu_mask: CpuMaskOpt = None,
     cpu_range: CpuRangeOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with ppl, ppl_stderr, running values.")] = False,
@@ -44,7 +45,7 @@ def perplexity(
         text = text[:-1]  # llama.cpp's -f drops one trailing newline
     engine, _ = load_engine(model, EngineParams(ctx, max(batch, ctx), min(ubatch, max(batch, ctx)), ctk, ctv, threads,
                                                    **system_params(numa, mlock, no_mmap, cpu_mask, cpu_range,
-                                                                   no_op_offload)), ngl)
+                                                                   no_op_offload, no_repack)), ngl)
     tok = engine.tokenizer
     tokens = tok.encode(text, add_special=True, parse_special=False)
     chunk_list = chunk_tokens(tokens, ctx, tok.bos_id, chunks)

@@ -19,7 +19,8 @@ from .common import ModelArg
 from .explain import explain_plan, render_plan
 from .options import (BatchOpt, ChatTemplateOpt, CtkOpt, CtvOpt, CtxOpt, FrequencyOpt, MinPOpt, NglOpt, PresenceOpt,
                       RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, UBatchOpt,
-                      VramBudgetOpt, NumaOpt, MlockOpt, NoMmapOpt, NoOpOffloadOpt, CpuMaskOpt, CpuRangeOpt)
+                      VramBudgetOpt, NumaOpt, MlockOpt, NoMmapOpt, NoOpOffloadOpt, NoRepackOpt, CpuMaskOpt,
+                      CpuRangeOpt)
 from .session import load_engine, note, system_params
 
 
@@ -40,6 +41,7 @@ def run(
     mlock: MlockOpt = False,
     no_mmap: NoMmapOpt = False,
     no_op_offload: NoOpOffloadOpt = False,
+    no_repack: NoRepackOpt = False,
     cpu_mask: CpuMaskOpt = None,
     cpu_range: CpuRangeOpt = None,
     explain: Annotated[bool, typer.Option("--explain", help="Print the placement plan (which layers go where, KV cache, headroom); without -p/-f, only that.")] = False,
@@ -64,7 +66,7 @@ def run(
     model asks for it. Examples: hybrid run -p "The capital of France is" -n 32 --temp 0
     """
     params = EngineParams(ctx, batch, ubatch, ctk, ctv, threads,
-                          **system_params(numa, mlock, no_mmap, cpu_mask, cpu_range, no_op_offload))
+                          **system_params(numa, mlock, no_mmap, cpu_mask, cpu_range, no_op_offload, no_repack))
     sampling = SamplingParams(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
                               frequency_penalty, seed)
     if explain:

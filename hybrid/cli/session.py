@@ -26,12 +26,12 @@ def note(msg: str) -> None:
 
 
 def system_params(numa: str | None, mlock: bool, no_mmap: bool, cpu_mask: str | None,
-                  cpu_range: str | None, no_op_offload: bool = False) -> dict:
-    """The EngineParams fields of --numa, --mlock, --no-mmap, -C/--cpu-mask, --cpu-range and --no-op-offload
-    (usage errors raised)."""
+                  cpu_range: str | None, no_op_offload: bool = False, no_repack: bool = False) -> dict:
+    """The EngineParams fields of --numa, --mlock, --no-mmap, -C/--cpu-mask, --cpu-range, --no-op-offload and
+    --no-repack (usage errors raised)."""
     try:
         return {"numa": check_numa_mode(numa or ""), "use_mlock": mlock, "use_mmap": not no_mmap,
-                "cpus": select_cpus(cpu_mask, cpu_range), "op_offload": not no_op_offload}
+                "cpus": select_cpus(cpu_mask, cpu_range), "op_offload": not no_op_offload, "repack": not no_repack}
     except HybridError as exc:
         raise typer.BadParameter(str(exc)) from None
 

@@ -1,0 +1,75 @@
+"""CPU weight repacking, as llama.cpp's CPU_REPACK buffers (`--no-repack` keeps the file's layout): the Q4_K
+matrices of the layers the CPU runs are copied once, at load, into 8-row interleaved groups
+(kernels_cpu.q4_k_x8), which its integer dots read at a lower cost per byte. The copy replaces the mapping's
+pages: each matrix's pages are released (MADV_DONTNEED) as soon as it is copied, so the resident memory grows by
+the layout's extra 4 bytes a block (2.8%), not by the matrices. Bytes a matrix shares with its neighbours' pages
+stay mapped.
+
+Only plain 2-D matrices are repacked (not MoE experts, not an output tied to the token embeddings, whose rows
+the embedding lookup reads), and not when op offload streams the CPU layers' weights to a GPU as they are.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels_cpu import q4_k_x8
+
+from .weights import ModelWeights, Weight
+
+MADV_DONTNEED = 4
+PAGE = mmap.PAGESIZE
+# GGML type -> (the repacked layout's name in kernels_cpu.matmul.REPACKED, can this shape be repacked, repack)
+LAYOUTS = {"Q4_K": ("Q4_K_X8", q4_k_x8.repackable, q4_k_x8.repack)}
+
+
+@dataclass(frozen=True)
+class RepackResult:
+    n_matrices: int = 0
+    n_bytes: int = 0  # bytes of the repacked copies
+    released_bytes: int = 0  # bytes of the file's pages given back
+
+
+def repack_weights(weights: ModelWeights, layers: Iterable[int], output: bool) -> RepackResult:
+    """Repack, in place in `weights`, the matrices of the repeating layers `layers` and (output=True) the output
+    matrix, where their type has a repacked layout. Returns what was done."""
+    n = size = released = 0
+    for il in layers:
+        lw = weights.layers[il]
+        for key, w in list(lw.items()):
+            new = _repacked(w)
+            if new is not None:
+                lw[key] = new
+                n, size, released = n + 1, size + new.nbytes, released + _release(w.raw)
+    if output and weights.output is not weights.token_embd:
+        new = _repacked(weights.output)
+        if new is not None:
+            released += _release(weights.output.raw)
+            weights.output = new
+            n, size = n + 1, size + new.nbytes
+    return RepackResult(n, size, released)
+
+
+def _repacked(w: Weight) -> Weight | None:
+    layout = LAYOUTS.get(w.type_name)
+    if layout is None or not isinstance(w.raw, np.ndarray) or w.raw.ndim != 2 or not layout[1](w.shape):
+        return None
+    name, _, repack = layout
+    return Weight(w.name, name, w.shape, repack(w.raw))
+
+
+def _release(raw: np.ndarray) -> int:
+    """madvise(MADV_DONTNEED) the whole pages inside raw's bytes (file pages leave this process's resident set,
+    anonymous ones are freed); the caller no longer reads them. Returns the bytes released."""
+    addr = raw.__array_interface__["data"][0]
+    start, end = -(-addr // PAGE) * PAGE, (addr + raw.nbytes) // PAGE * PAGE
+    if end <= start:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    return end - start if libc.madvise(start, end - start, MADV_DONTNEED) == 0 else 0

@@ -1,0 +1,157 @@
+"""Vector intrinsics of the 8-row interleaved Q4_K layout (kernels_cpu.q4_k_x8): a 32-byte register holds 8
+code bytes of each of 4 rows, so one activation broadcast and one scale load serve 4 rows, and a 16-bit
+accumulator per row sums a sub-block before its scale is applied.
+
+Generic LLVM vector IR (shuffles, extends, adds); LLVM picks the x86 forms (vpbroadcastq, vpmovzxbw, vpshufb,
+vhaddps) for the host.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from kernels_cpu.simd import (F32x8, I8x32, I16x16, _F32x8, _I8, _I16, _I32, _I64, _V8x32, _V16x16, _V32x8, ir_intp,
+                              ir_ptr, ir_shuffle, ir_splat, is_bytes_array)
+
+
+@intrinsic
+def bcast_i8x8(typingctx, a, off):
+    """The 8 bytes a[off:off + 8] repeated 4 times (one token's 8 activations against 4 rows' 8 codes)."""
+    if not (is_bytes_array(a) and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = ir_ptr(context, builder, sig.args[0], args[0], ir_intp(context, builder, sig.args[1], args[1]), _I64)
+        v = ir_splat(builder, ir.VectorType(_I64, 4), builder.load(p, align=1))
+        return builder.bitcast(v, _V8x32)
+    return I8x32(a, off), codegen
+
+
+@intrinsic
+def gather_i8x8x4(typingctx, a, off, stride):
+    """The 4 runs of 8 bytes at a[off + k * stride:...+ 8], k = 0..3, as one 32-byte vector (one row's codes
+    of 32 weights, out of 4 interleaved chunks)."""
+    if not (is_bytes_array(a) and isinstance(off, types.Integer) and isinstance(stride, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        off = ir_intp(context, builder, sig.args[1], args[1])
+        stride = ir_intp(context, builder, sig.args[2], args[2])
+        v = ir.Constant(ir.VectorType(_I64, 4), ir.Undefined)
+        for k in range(4):
+            o = builder.add(off, builder.mul(stride, ir.Constant(off.type, k)))
+            x = builder.load(ir_ptr(context, builder, sig.args[0], args[0], o, _I64), align=1)
+            v = builder.insert_element(v, x, ir.Constant(_I32, k))
+        return builder.bitcast(v, _V8x32)
+    return I8x32(a, off, stride), codegen
+
+
+@intrinsic
+def zero_i16(typingctx):
+    def codegen(context, builder, sig, args):
+        return ir.Constant(_V16x16, None)
+    return I16x16(), codegen
+
+
+@intrinsic
+def add_i16(typingctx, a, b):
+    """a + b, int16 lanes (wrapping; callers keep it exact)."""
+    if not (a == I16x16 and b == I16x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], args[1])
+    return I16x16(a, b), codegen
+
+
+@intrinsic
+def scales4_u8(typingctx, a, off):
+    """The 4 unsigned bytes a[off:off + 4] as int16 lanes, each 4 times: lanes 4r..4r + 3 = byte r, the scale of
+    row r against the 4 lanes maddubs leaves per row of an interleaved register."""
+    if not (is_bytes_array(a) and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v4 = ir.VectorType(_I8, 4)
+        p = ir_ptr(context, builder, sig.args[0], args[0], ir_intp(context, builder, sig.args[1], args[1]), v4)
+        b = builder.load(p, align=1)
+        return builder.zext(ir_shuffle(builder, b, b, [r // 4 for r in range(16)]), _V16x16)
+    return I16x16(a, off), codegen
+
+
+@intrinsic
+def load_u8x16(typingctx, a, off):
+    """The 16 unsigned bytes a[off:off + 16] as int16 lanes."""
+    if not (is_bytes_array(a) and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v16 = ir.VectorType(_I8, 16)
+        p = ir_ptr(context, builder, sig.args[0], args[0], ir_intp(context, builder, sig.args[1], args[1]), v16)
+        return builder.zext(builder.load(p, align=1), _V16x16)
+    return I16x16(a, off), codegen
+
+
+@intrinsic
+def bsum_pair(typingctx, bsums, off):
+    """From the 4 int16 sums of 16 activations bsums[off:off + 4]: lanes 2k = bsums[off] + bsums[off + 1] and
+    2k + 1 = bsums[off + 2] + bsums[off + 3], k = 0..7 (the sums of two 32-value sub-blocks, for vpmaddwd with
+    8 rows' pairs of mins; exact: |sum| <= 32 * 127)."""
+    if not (isinstance(bsums, types.Array) and bsums.dtype == types.int16 and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v4 = ir.VectorType(_I16, 4)
+        p = ir_ptr(context, builder, sig.args[0], args[0], ir_intp(context, builder, sig.args[1], args[1]), v4)
+        b = builder.load(p, align=2)
+        s = builder.add(ir_shuffle(builder, b, b, [0, 2]), ir_shuffle(builder, b, b, [1, 3]))  # <2 x i16>
+        v = ir_splat(builder, _V32x8, builder.bitcast(s, _I32))
+        return builder.bitcast(v, _V16x16)
+    return I16x16(bsums, off), codegen
+
+
+@intrinsic
+def scale_f32(typingctx, v, s):
+    """v * s for a scalar s."""
+    if not (v == F32x8 and isinstance(s, types.Float)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        s = context.cast(builder, args[1], sig.args[1], types.float32)
+        return builder.fmul(args[0], ir_splat(builder, _F32x8, s))
+    return F32x8(v, s), codegen
+
+
+def _dup_pairs(first):
+    """Lanes 2r, 2r + 1 = lane first + r of v (r = 0..3): per-row float factors against 2 lanes per row."""
+    @intrinsic
+    def dup(typingctx, v):
+        if v != F32x8:
+            return None
+
+        def codegen(context, builder, sig, args):
+            return ir_shuffle(builder, args[0], args[0], [first + r // 2 for r in range(8)])
+        return F32x8(v), codegen
+    return dup
+
+
+dup_lo_f32 = _dup_pairs(0)  # rows 0-3 of 8 per-row values
+dup_hi_f32 = _dup_pairs(4)  # rows 4-7
+
+
+@intrinsic
+def pairsum_sub_f32(typingctx, lo, hi, m):
+    """[lo0 + lo1, lo2 + lo3, lo4 + lo5, lo6 + lo7, hi0 + hi1, ..., hi6 + hi7] - m: 8 rows' sums of their two
+    lanes, minus their min terms."""
+    if not (lo == F32x8 and hi == F32x8 and m == F32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        lo, hi, m = args
+        even = ir_shuffle(builder, lo, hi, [0, 2, 4, 6, 8, 10, 12, 14])
+        odd = ir_shuffle(builder, lo, hi, [1, 3, 5, 7, 9, 11, 13, 15])
+        return builder.fsub(builder.fadd(even, odd), m)
+    return F32x8(lo, hi, m), codegen
+
