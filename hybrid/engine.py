@@ -49,7 +49,7 @@ class EngineParams:
     # op offload: big prefill batches run the CPU layers on the GPU, weights streamed (hybrid/offload.py). The CLI
     # turns it on (llama.cpp's default; --no-op-offload); off here, so a library caller's -ngl 0 stays on the CPU.
     op_offload: bool = False
-    repack: bool = True  # --no-repack: False keeps the CPU layers' Q4_K matrices as in the file (hybrid/repack.py)
+    repack: bool = True  # --no-repack: False keeps the CPU layers' matrices as in the file (hybrid/repack.py)
 
 
 @dataclass
@@ -130,8 +130,8 @@ class Engine:
             cpu_layers = [il for il, be in enumerate(engine.backends) if isinstance(be, CpuBackend)]
             done = repack_weights(engine.weights, cpu_layers, isinstance(engine.output_backend, CpuBackend))
             if done.n_matrices and progress:
-                progress(f"repack: {done.n_matrices} Q4_K matrices interleaved by 8 rows for the CPU "
-                         f"({done.n_bytes / 2**20:.1f} MiB)")
+                progress(f"repack: {done.n_matrices} matrices ({', '.join(done.types)}) interleaved by 8 rows for the "
+                         f"CPU ({done.n_bytes / 2**20:.1f} MiB)")
         notes, _ = prepare_cpu_weights(engine.weights, params.numa, params.use_mlock)  # after the GPU took its layers
         for msg in notes:
             if progress:

@@ -1,9 +1,9 @@
-"""CPU weight repacking, as llama.cpp's CPU_REPACK buffers (`--no-repack` keeps the file's layout): the Q4_K
-matrices of the layers the CPU runs are copied once, at load, into 8-row interleaved groups
-(kernels_cpu.q4_k_x8), which its integer dots read at a lower cost per byte. The copy replaces the mapping's
-pages: each matrix's pages are released (MADV_DONTNEED) as soon as it is copied, so the resident memory grows by
-the layout's extra 4 bytes a block (2.8%), not by the matrices. Bytes a matrix shares with its neighbours' pages
-stay mapped.
+"""CPU weight repacking, as llama.cpp's CPU_REPACK buffers (`--no-repack` keeps the file's layout): the Q4_0,
+Q5_0 and Q4_K matrices of the layers the CPU runs are copied once, at load, into 8-row interleaved groups
+(kernels_cpu.legacy_x8, kernels_cpu.q4_k_x8), which its integer dots read at a lower cost per byte. The copy
+replaces the mapping's pages: each matrix's pages are released (MADV_DONTNEED) as soon as it is copied, so the
+resident memory grows by at most the layout's extra bytes (Q4_K: 4 bytes a block, 2.8%; Q4_0/Q5_0: none), not
+by the matrices. Bytes a matrix shares with its neighbours' pages stay mapped.
 
 Only plain 2-D matrices are repacked (not MoE experts, not an output tied to the token embeddings, whose rows
 the embedding lookup reads), and not when op offload streams the CPU layers' weights to a GPU as they are.
@@ -18,14 +18,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels_cpu import q4_k_x8
+from kernels_cpu import legacy_x8, q4_k_x8
 
 from .weights import ModelWeights, Weight
 
 MADV_DONTNEED = 4
 PAGE = mmap.PAGESIZE
 # GGML type -> (the repacked layout's name in kernels_cpu.matmul.REPACKED, can this shape be repacked, repack)
-LAYOUTS = {"Q4_K": ("Q4_K_X8", q4_k_x8.repackable, q4_k_x8.repack)}
+LAYOUTS = {
+    "Q4_0": ("Q4_0_X8", legacy_x8.repackable, legacy_x8.repack_q4_0),
+    "Q5_0": ("Q5_0_X8", legacy_x8.repackable, legacy_x8.repack_q5_0),
+    "Q4_K": ("Q4_K_X8", q4_k_x8.repackable, q4_k_x8.repack),
+}
 
 
 @dataclass(frozen=True)
@@ -33,26 +37,29 @@ class RepackResult:
     n_matrices: int = 0
     n_bytes: int = 0  # bytes of the repacked copies
     released_bytes: int = 0  # bytes of the file's pages given back
+    types: tuple[str, ...] = ()  # the GGML types repacked
 
 
 def repack_weights(weights: ModelWeights, layers: Iterable[int], output: bool) -> RepackResult:
     """Repack, in place in `weights`, the matrices of the repeating layers `layers` and (output=True) the output
     matrix, where their type has a repacked layout. Returns what was done."""
-    n = size = released = 0
+    done: list[tuple[str, int, int]] = []  # (type, bytes copied, bytes released), one per matrix
+
+    def repack(w: Weight) -> Weight:
+        new = _repacked(w)
+        if new is None:
+            return w
+        done.append((w.type_name, new.nbytes, _release(w.raw)))  # each one's pages as soon as it is copied
+        return new
+
     for il in layers:
         lw = weights.layers[il]
         for key, w in list(lw.items()):
-            new = _repacked(w)
-            if new is not None:
-                lw[key] = new
-                n, size, released = n + 1, size + new.nbytes, released + _release(w.raw)
+            lw[key] = repack(w)
     if output and weights.output is not weights.token_embd:
-        new = _repacked(weights.output)
-        if new is not None:
-            released += _release(weights.output.raw)
-            weights.output = new
-            n, size = n + 1, size + new.nbytes
-    return RepackResult(n, size, released)
+        weights.output = repack(weights.output)
+    return RepackResult(len(done), sum(d[1] for d in done), sum(d[2] for d in done),
+                        tuple(sorted({d[0] for d in done})))
 
 
 def _repacked(w: Weight) -> Weight | None:

@@ -138,7 +138,8 @@ def _k_runner(kind):
 # the integer-dot families matmuls() fuses: vec_dot_type -> (kind code of each type, the call)
 _INT_FAMILIES = {
     "Q8_0": ({"Q4_0": vec_dot_legacy.Q4_0, "Q4_1": vec_dot_legacy.Q4_1, "Q5_0": vec_dot_legacy.Q5_0,
-              "Q5_1": vec_dot_legacy.Q5_1, "Q8_0": vec_dot_legacy.Q8_0, "IQ4_NL": vec_dot_legacy.IQ4_NL},
+              "Q5_1": vec_dot_legacy.Q5_1, "Q8_0": vec_dot_legacy.Q8_0, "IQ4_NL": vec_dot_legacy.IQ4_NL,
+              "Q4_0_X8": vec_dot_legacy.Q4_0_X8, "Q5_0_X8": vec_dot_legacy.Q5_0_X8},
              _legacy_dots),
     "Q8_K": ({"Q2_K": vec_dot_k.Q2_K, "Q3_K": vec_dot_k.Q3_K, "Q4_K": vec_dot_k.Q4_K, "Q5_K": vec_dot_k.Q5_K,
               "Q6_K": vec_dot_k.Q6_K, "IQ4_XS": vec_dot_k.IQ4_XS, "Q4_K_X8": vec_dot_k.Q4_K_X8}, _k_dots),
@@ -169,6 +170,8 @@ KERNELS: dict[str, CpuKernel] = {
 # the integer dots; the float GEMM decodes them to the same floats as the original type). Not GGML types: no file
 # holds them, and the GPU never sees them.
 REPACKED: dict[str, CpuKernel] = {
+    "Q4_0_X8": CpuKernel("Q4_0_X8", 32, 18, "Q8_0", _legacy_runner(_L.Q4_0_X8), row_group=8),
+    "Q5_0_X8": CpuKernel("Q5_0_X8", 32, 22, "Q8_0", _legacy_runner(_L.Q5_0_X8), row_group=8),
     "Q4_K_X8": CpuKernel("Q4_K_X8", 256, 148, "Q8_K", _k_runner(_K.Q4_K_X8), row_group=8),
 }
 

@@ -49,6 +49,18 @@ def gather_i8x8x4(typingctx, a, off, stride):
 
 
 @intrinsic
+def splat_i8(typingctx, c):
+    """All 32 byte lanes = c."""
+    if not isinstance(c, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = builder.trunc(context.cast(builder, args[0], sig.args[0], types.int64), _I8)
+        return ir_splat(builder, _V8x32, x)
+    return I8x32(c), codegen
+
+
+@intrinsic
 def zero_i16(typingctx):
     def codegen(context, builder, sig, args):
         return ir.Constant(_V16x16, None)

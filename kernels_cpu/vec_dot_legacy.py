@@ -13,6 +13,7 @@ Activations: xq int8 (n_tok, n_in), xd float32 (n_tok, n_in/32); the driver adds
 import numpy as np
 from numba import njit, prange
 
+from kernels_cpu import legacy_x8
 from kernels_cpu.sched import next_task
 from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_bits32, load_f16, load_i8x32, load_nib16, prefetch,
                               store_scaled, zero_f32)
@@ -20,8 +21,9 @@ from kernels_cpu.simd_int import abs_i8, addc_i8, dot_u8i8, lut16_i8, or_i8, sig
 
 QK = 32
 PREFETCH_BYTES = 2048
-Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 0, 1, 2, 3, 4, 5  # type codes (one compiled driver for all six)
-TYPE_SIZE = np.array([18, 20, 22, 24, 34, 18], dtype=np.int64)
+Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 0, 1, 2, 3, 4, 5  # type codes (one compiled driver for all of them)
+Q4_0_X8, Q5_0_X8 = 6, 7  # rows interleaved by 8 (kernels_cpu.legacy_x8): calls cover whole groups of 8 rows
+TYPE_SIZE = np.array([18, 20, 22, 24, 34, 18, 18, 22], dtype=np.int64)
 
 # kvalues_iq4nl (ggml-common.h): the 16 non-linear levels of IQ4_NL / IQ4_XS, as bytes for the lookup.
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
@@ -192,7 +194,13 @@ def dot2_q5_1(w, wo, rb, xq, xd, xs, nb):
 def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, xs, y, nb):
     """y[r] = row r . one token for r0 <= r < r1, two rows at a time (an odd last row goes twice);
     w the flat weight bytes, xq/xd/xs/y the token's rows. One loop per type: each inlines its own dot2."""
-    if kind == Q4_0:
+    if kind == Q5_0_X8:  # r0, r1: multiples of 8
+        for r in range(r0, r1, 8):
+            legacy_x8.dot8_q5_0_x8(w, r * row_bytes, xq, xd, nb, y, r)
+    elif kind == Q4_0_X8:
+        for r in range(r0, r1, 8):
+            legacy_x8.dot8_q4_0_x8(w, r * row_bytes, xq, xd, nb, y, r)
+    elif kind == Q4_0:
         for r in range(r0, r1, 2):
             rb = row_bytes if r + 1 < r1 else 0
             v0, v1 = dot2_q4_0(w, r * row_bytes, rb, xq, xd, nb)
@@ -238,8 +246,8 @@ def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, xs, y, nb):
 
 @njit(inline="always")
 def _signed(kind):
-    """Whether a type's codes are signed (no min term): Q4_0, Q5_0, Q8_0, IQ4_NL."""
-    return kind == Q4_0 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL
+    """Whether a type's codes are signed (no min term): Q4_0, Q5_0, Q8_0, IQ4_NL and the interleaved ones."""
+    return kind == Q4_0 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL or kind == Q4_0_X8 or kind == Q5_0_X8
 
 
 @njit(cache=True, parallel=True, fastmath=True)
@@ -292,6 +300,16 @@ def matmul_q8_0_act(w0, w1, w2, k0, k1, k2, xq, xd, y0, y1, y2, rows_per_task, r
 @njit(cache=True, fastmath=True)
 def decode_row_f32(kind, w, wo, nb, out, oo):
     """Row of `kind` at byte wo (nb blocks) -> float32 out[oo:oo + 32 nb], exactly ggml's dequantize."""
+    if kind == Q4_0_X8 or kind == Q5_0_X8:  # the row's original blocks, then their decoder
+        row = np.empty(nb * TYPE_SIZE[kind], dtype=np.uint8)
+        legacy_x8.unpack_row(w, wo, nb, kind == Q5_0_X8, row)
+        _decode_plain(Q5_0 if kind == Q5_0_X8 else Q4_0, row, 0, nb, out, oo)
+    else:
+        _decode_plain(kind, w, wo, nb, out, oo)
+
+
+@njit(inline="always", fastmath=True)
+def _decode_plain(kind, w, wo, nb, out, oo):
     zero = np.float32(0.0)
     if kind == Q4_0:
         for b in range(nb):

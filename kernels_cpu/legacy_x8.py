@@ -1,0 +1,141 @@
+"""Q4_0 and Q5_0 rows interleaved by 8 (the 32-element types' counterpart of kernels_cpu.q4_k_x8): copied once
+at load into groups of 8 rows, so one activation broadcast serves 4 rows, the offset (-8, -16) is taken off once
+per block for all rows instead of through |q| and sign(x) per row, and the float work of a block serves 8 rows.
+
+Layout: rows 8G..8G + 7 form group G, nb blocks of 8 rows each, block b of group G at byte (G * nb + b) * bytes:
+
+    Q4_0 (144 bytes = 8 x 18)              Q5_0 (176 bytes = 8 x 22)
+    0    d[8]           fp16               0    d[8]          fp16
+                                           16   qh[4][8]      [byte k][row r]: byte k of row r's qh
+    16   qs[2][2][4][8] [chunk c][half]    48   qs[2][2][4][8]
+         [row 4 half + i]: bytes 8c..8c + 7 of the row's qs (low nibbles: elements 8c + 0..7; high: 16 + 8c + 0..7)
+
+The arrays keep the matrix shape (n_out, nb * 18 or 22). Products are ggml's: per block an exact int32 sum of
+q * q8 with the offset applied, times d_w * d_x in float32; only the float32 summation order differs from
+vec_dot_legacy's dot2 (2 lanes per row here, 8 there).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kernels_cpu.simd import (cvt_f32, fmav_f32, load_bits32, load_f16x8, load_i8x32, prefetch, store_f32x8,
+                              zero_f32)
+from kernels_cpu.simd_int import and_i8, madd, maddubs, or_i8, shr_i8, splat_i16
+from kernels_cpu.simd_k import sub_i16
+from kernels_cpu.simd_x8 import add_i16, bcast_i8x8, dup_hi_f32, dup_lo_f32, pairsum_sub_f32, scale_f32, splat_i8
+
+QK = 32
+ROWS = 8
+BYTES = {"Q4_0": (18, 144), "Q5_0": (22, 176)}  # (a row's block, 8 rows' block)
+PREFETCH_BYTES = 4096
+
+
+def repackable(shape: tuple[int, ...]) -> bool:
+    """Whether a matrix of numpy shape (n_out, n_in) can be interleaved: whole groups of 8 rows."""
+    return len(shape) == 2 and shape[0] > 0 and shape[0] % ROWS == 0 and shape[1] % QK == 0
+
+
+def _repack(raw: np.ndarray, name: str) -> np.ndarray:
+    row_block, group_block = BYTES[name]
+    n_out, rb = raw.shape
+    nb = rb // row_block
+    if not repackable((n_out, nb * QK)) or rb != nb * row_block:
+        raise ValueError(f"cannot interleave a {name} matrix of {n_out} rows of {rb} bytes (8-row groups needed)")
+    src = np.asarray(raw).reshape(n_out // ROWS, ROWS, nb, row_block)
+    out = np.empty((n_out, rb), dtype=np.uint8)
+    dst = out.reshape(n_out // ROWS, nb, group_block)
+    qs_at = 2 if name == "Q4_0" else 6
+    for b in range(nb):
+        blk = src[:, :, b, :]  # (G, 8 rows, row_block)
+        d = dst[:, b, :]
+        d[:, 0:16] = blk[:, :, 0:2].reshape(-1, 16)
+        if name == "Q5_0":
+            d[:, 16:48] = blk[:, :, 2:6].transpose(0, 2, 1).reshape(-1, 32)  # [byte k][row]
+        qs = blk[:, :, qs_at:qs_at + 16].reshape(-1, 2, 4, 2, 8)  # (G, half, row, chunk, 8)
+        d[:, group_block - 128:] = qs.transpose(0, 3, 1, 2, 4).reshape(-1, 128)
+    return out
+
+
+def repack_q4_0(raw: np.ndarray) -> np.ndarray:
+    """Q4_0 rows uint8 (n_out, nb * 18) -> the interleaved layout (same shape)."""
+    return _repack(raw, "Q4_0")
+
+
+def repack_q5_0(raw: np.ndarray) -> np.ndarray:
+    """Q5_0 rows uint8 (n_out, nb * 22) -> the interleaved layout (same shape)."""
+    return _repack(raw, "Q5_0")
+
+
+@njit(inline="always")
+def _half_sum(w, qo, ho, xl0, xl1, xh0, xh1, five):
+    """int16 lanes (4 per row) of sum q * q8 over one block of 4 rows: qs of chunk c at qo + 64 c, and for Q5_0
+    (five) the 5th bits: byte k of the 4 rows at ho + 8 k."""
+    q0, q1 = load_i8x32(w, qo), load_i8x32(w, qo + 64)
+    lo0, hi0, lo1, hi1 = and_i8(q0, 15), shr_i8(q0, 4), and_i8(q1, 15), shr_i8(q1, 4)
+    if five:
+        lo0, lo1 = or_i8(lo0, load_bits32(w, ho, 16)), or_i8(lo1, load_bits32(w, ho + 8, 16))
+        hi0, hi1 = or_i8(hi0, load_bits32(w, ho + 16, 16)), or_i8(hi1, load_bits32(w, ho + 24, 16))
+    # |lane| <= 4 * 2 * 31 * 127 < 2**15
+    return add_i16(add_i16(maddubs(lo0, xl0), maddubs(hi0, xh0)), add_i16(maddubs(lo1, xl1), maddubs(hi1, xh1)))
+
+
+@njit(inline="always")
+def _dot8(w, go, xq, xd, nb, y, r0, five):
+    step = 176 if five else 144
+    off = splat_i8(16 if five else 8)
+    ones = splat_i16(1)
+    f_lo, f_hi = zero_f32(), zero_f32()
+    for b in range(nb):
+        o, xb = go + b * step, b * QK
+        qo = o + step - 128
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o + PREFETCH_BYTES + 64)
+        prefetch(w, o + PREFETCH_BYTES + 128)
+        xl0, xl1 = bcast_i8x8(xq, xb), bcast_i8x8(xq, xb + 8)
+        xh0, xh1 = bcast_i8x8(xq, xb + 16), bcast_i8x8(xq, xb + 24)
+        # the offset times the activations, the same for every row: sum over the 4 runs of 8 of off * q8
+        z = add_i16(add_i16(maddubs(off, xl0), maddubs(off, xh0)), add_i16(maddubs(off, xl1), maddubs(off, xh1)))
+        s_lo = sub_i16(_half_sum(w, qo, o + 16, xl0, xl1, xh0, xh1, five), z)
+        s_hi = sub_i16(_half_sum(w, qo + 32, o + 20, xl0, xl1, xh0, xh1, five), z)
+        d8 = scale_f32(load_f16x8(w, o), xd[b])
+        f_lo = fmav_f32(f_lo, cvt_f32(madd(s_lo, ones)), dup_lo_f32(d8))
+        f_hi = fmav_f32(f_hi, cvt_f32(madd(s_hi, ones)), dup_hi_f32(d8))
+    store_f32x8(y, r0, pairsum_sub_f32(f_lo, f_hi, zero_f32()))
+
+
+@njit(cache=True, fastmath=True)
+def dot8_q4_0_x8(w, go, xq, xd, nb, y, r0):
+    """y[r0:r0 + 8] = the 8 Q4_0 rows of the group at byte go . one token's Q8_0 activations (xq, xd)."""
+    _dot8(w, go, xq, xd, nb, y, r0, False)
+
+
+@njit(cache=True, fastmath=True)
+def dot8_q5_0_x8(w, go, xq, xd, nb, y, r0):
+    """y[r0:r0 + 8] = the 8 Q5_0 rows of the group at byte go . one token's Q8_0 activations (xq, xd)."""
+    _dot8(w, go, xq, xd, nb, y, r0, True)
+
+
+@njit(cache=True)
+def unpack_row(w, wo, nb, five, out):
+    """The original blocks of the row at byte wo (nb blocks; its offset in the plain shape) -> out (nb * 18 or 22
+    bytes), for the float decoders of vec_dot_legacy."""
+    row_block = 22 if five else 18
+    rb = nb * row_block
+    r = wo // rb
+    s = r % ROWS
+    go = (r - s) * rb
+    qs_at = 6 if five else 2
+    for b in range(nb):
+        o, ob = go + b * 8 * row_block, b * row_block
+        out[ob] = w[o + 2 * s]
+        out[ob + 1] = w[o + 2 * s + 1]
+        if five:
+            for k in range(4):
+                out[ob + 2 + k] = w[o + 16 + 8 * k + s]
+        qo = o + 8 * row_block - 128 + 32 * (s // 4) + 8 * (s % 4)
+        for c in range(2):
+            for e in range(8):
+                out[ob + qs_at + 8 * c + e] = w[qo + 64 * c + e]
+
