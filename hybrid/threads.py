@@ -18,6 +18,8 @@ import numba
 import numpy as np
 from numba import njit, prange, types
 
+from kernels_cpu import sources_digest
+
 from . import numa as _numa
 from .devices import core_key, parse_cpulist, physical_core_cpus
 from .errors import HybridError
@@ -193,10 +195,8 @@ def thread_affinity(tid: int) -> tuple[int, ...]:
 # -- the compile cache ----------------------------------------------------------------------------------------
 def kernel_sources_id(package: str = "kernels_cpu") -> str:
     """A hash of the kernel package's sources and the Numba version: the compile cache holds for this id."""
-    h = hashlib.sha256(numba.__version__.encode())
     d = _package_dir(package)
-    for src in sorted(d.glob("*.py")) if d else ():
-        h.update(src.name.encode() + src.read_bytes())
+    h = hashlib.sha256(numba.__version__.encode() + (sources_digest(d) if d else "").encode())
     return h.hexdigest()[:16]
 
 

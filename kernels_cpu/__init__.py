@@ -11,13 +11,18 @@ import hashlib
 from pathlib import Path
 
 
-def drop_stale_cache(pkg: Path) -> bool:
-    """Delete the Numba cache files in pkg/__pycache__ unless they were made from pkg's present sources (a
-    stamp file there holds the hash of the sources they came from). Returns whether it deleted them."""
+def sources_digest(pkg: Path) -> str:
+    """One sha256 of the names and contents of a package's .py files."""
     h = hashlib.sha256()
     for src in sorted(pkg.glob("*.py")):
         h.update(src.name.encode() + b"\0" + src.read_bytes())
-    cache, digest = pkg / "__pycache__", h.hexdigest()
+    return h.hexdigest()
+
+
+def drop_stale_cache(pkg: Path) -> bool:
+    """Delete the Numba cache files in pkg/__pycache__ unless they were made from pkg's present sources (a
+    stamp file there holds the hash of the sources they came from). Returns whether it deleted them."""
+    cache, digest = pkg / "__pycache__", sources_digest(pkg)
     stamp = cache / "numba-sources.sha256"
     try:
         if stamp.read_text() == digest:

@@ -1,6 +1,6 @@
-"""Vector intrinsics of the 8-row interleaved Q4_K layout (kernels_cpu.q4_k_x8): a 32-byte register holds 8
-code bytes of each of 4 rows, so one activation broadcast and one scale load serve 4 rows, and a 16-bit
-accumulator per row sums a sub-block before its scale is applied.
+"""Vector intrinsics of the 8-row interleaved layouts (kernels_cpu.q4_k_x8, kernels_cpu.legacy_x8): a 32-byte
+register holds 8 code bytes of each of 4 rows, so one activation broadcast and one scale load serve 4 rows, and
+16-bit accumulators per row sum a sub-block before its scale is applied.
 
 Generic LLVM vector IR (shuffles, extends, adds); LLVM picks the x86 forms (vpbroadcastq, vpmovzxbw, vpshufb,
 vhaddps) for the host.
@@ -58,13 +58,6 @@ def splat_i8(typingctx, c):
         x = builder.trunc(context.cast(builder, args[0], sig.args[0], types.int64), _I8)
         return ir_splat(builder, _V8x32, x)
     return I8x32(c), codegen
-
-
-@intrinsic
-def zero_i16(typingctx):
-    def codegen(context, builder, sig, args):
-        return ir.Constant(_V16x16, None)
-    return I16x16(), codegen
 
 
 @intrinsic
