@@ -588,14 +588,14 @@ def test_engine_layers_gpu_vs_cpu(tmp_path, arch, wtype):
     from gguf_factory import tiny_model, write_gguf
 
     from hybrid.backend_gpu import GpuBackend
-    from hybrid.engine import Engine
+    from hybrid.engine import Engine, EngineParams
 
     md, ts = tiny_model(arch, n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, weight_type=wtype)
     rng = np.random.default_rng(37)
     ts = [replace(t, data=random_weight(wtype, int(t.ne[1]), int(t.ne[0]), rng, scale=0.1).tobytes())
           if t.ggml_type == wtype and wtype != "F32" else t for t in ts]  # sane fp16 scales
     path = write_gguf(tmp_path / f"{arch}.gguf", md, ts)
-    eng = Engine.load(path)
+    eng = Engine.load(path, EngineParams(repack=False))  # its CPU weights go to the GPU below: the file's layout
     try:
         tokens = [1, 5, 9, 3, 7, 11, 2, 30, 4]
         ref = eng.eval(tokens, eng.new_cache(64), logits_from=0)

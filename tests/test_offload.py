@@ -233,7 +233,7 @@ def test_streamed_matmul_equals_resident(models, mix, max_piece, direct):
     from hybrid.engine import Engine, EngineParams
     from kernels_gpu.transfer import WeightStream
 
-    eng = Engine.load(models("llama", mix), EngineParams(n_ctx=64))
+    eng = Engine.load(models("llama", mix), EngineParams(n_ctx=64, repack=False))  # the file's layout, as streamed
     gpu, cpu = GpuBackend(), CpuBackend()
     off = OpOffload(gpu, cpu, WeightStream(slot_bytes(eng.gguf.tensors)), max_piece=max_piece)
     if not direct:
