@@ -23,6 +23,7 @@ from .errors import ContextTooLarge, HybridError
 from .kv import KVCache, check_kv_types
 from .memlock import prepare_cpu_weights
 from .numa import check_mode as check_numa_mode
+from .numa import memory_policy
 from .offload import gpu_overhead_bytes, make_op_offload
 from .placement import PlacementPlan, plan
 from .repack import repack_weights
@@ -123,20 +124,29 @@ class Engine:
                 engine.op_offload = make_op_offload(engine.backends, engine.output_backend, config, f.tensors, n_ctx,
                                                     params.n_ubatch, params.type_k, params.type_v, params.flash_attn,
                                                     params.vram_budget, progress)
+            if params.repack and engine.op_offload is None:  # op offload streams the CPU layers' blocks as they are
+                engine._repack(progress)
         except BaseException:
             f.close()
             raise
-        if params.repack and engine.op_offload is None:  # op offload streams the CPU layers' blocks as they are
-            cpu_layers = [il for il, be in enumerate(engine.backends) if isinstance(be, CpuBackend)]
-            done = repack_weights(engine.weights, cpu_layers, isinstance(engine.output_backend, CpuBackend))
-            if done.n_matrices and progress:
-                progress(f"repack: {done.n_matrices} matrices ({', '.join(done.types)}) interleaved by 8 rows for the "
-                         f"CPU ({done.n_bytes / 2**20:.1f} MiB)")
         notes, _ = prepare_cpu_weights(engine.weights, params.numa, params.use_mlock)  # after the GPU took its layers
         for msg in notes:
             if progress:
                 progress(msg)
         return engine
+
+    def _repack(self, progress: Callable[[str], None] | None) -> None:
+        """The CPU layers' matrices into the 8-row interleaved layouts (hybrid/repack.py)."""
+        cpu_layers = [il for il, be in enumerate(self.backends) if isinstance(be, CpuBackend)]
+        on_cpu = isinstance(self.output_backend, CpuBackend)
+        try:
+            with memory_policy(self.params.numa):  # the copies' pages follow --numa as they are first written
+                done = repack_weights(self.weights, cpu_layers, on_cpu)
+        except OSError:  # the policy was refused (prepare_cpu_weights says so): the copies stay where they fall
+            done = repack_weights(self.weights, cpu_layers, on_cpu)
+        if done.n_matrices and progress:
+            progress(f"repack: {done.n_matrices} matrices ({', '.join(done.types)}) interleaved by 8 rows for the "
+                     f"CPU ({done.n_bytes / 2**20:.1f} MiB)")
 
     def _offload(self, progress: Callable[[str], None] | None, placeholder: bool = False) -> None:
         """Plan the split (KV cache first, then the output layer, then layers from the last one backwards) and

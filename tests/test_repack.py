@@ -158,3 +158,12 @@ def test_stale_numba_cache_is_dropped(tmp_path):
     assert not drop_stale_cache(pkg) and entry.exists()  # same sources: kept
     (pkg / "b.py").write_text("y = 2\n")  # another file of the package changed
     assert drop_stale_cache(pkg) and not entry.exists()
+
+
+def test_repack_under_numa_and_mlock(tmp_path):
+    notes: list[str] = []
+    eng = Engine.load(_model(tmp_path), EngineParams(n_ctx=64, numa="distribute", use_mlock=True),
+                      progress=notes.append)
+    assert any(w.type_name in REPACKED for lw in eng.weights.layers for w in lw.values())
+    assert any(n.startswith("numa:") for n in notes) and any("mlock" in n for n in notes)
+    assert np.isfinite(np.asarray(eng.eval([3, 4, 5], eng.new_cache()))).all()

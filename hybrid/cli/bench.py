@@ -126,12 +126,13 @@ def _render(rows: list[dict], output: str) -> None:
         w.writerows(rows)
         sys.stdout.write(buf.getvalue())
         return
-    header = ["model", "size", "params", "backend", "threads", "type_k", "type_v", "ngl", "nopo", "test", "t/s"]
+    header = ["model", "size", "params", "backend", "threads", "type_k", "type_v", "ngl", "nopo", "nr", "test", "t/s"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     for r in rows:
         lines.append("| " + " | ".join([
             r["model_type"], fmt_bytes(r["model_size"]), fmt_count(r["model_n_params"]), r["backends"],
-            str(r["n_threads"]), r["type_k"], r["type_v"], str(r["n_gpu_layers"]), str(r["no_op_offload"]), r["test"],
+            str(r["n_threads"]), r["type_k"], r["type_v"], str(r["n_gpu_layers"]), str(r["no_op_offload"]),
+            str(r["no_repack"]), r["test"],
             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
         ]) + " |")
     print("\n".join(lines))
