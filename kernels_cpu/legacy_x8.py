@@ -18,7 +18,7 @@ vec_dot_legacy's dot2 (2 lanes per row here, 8 there).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from kernels_cpu.simd import (cvt_f32, fmav_f32, load_bits32, load_f16x8, load_i8x32, prefetch, store_f32x8,
                               zero_f32)
@@ -38,24 +38,32 @@ def repackable(shape: tuple[int, ...]) -> bool:
 
 
 def _repack(raw: np.ndarray, name: str) -> np.ndarray:
-    row_block, group_block = BYTES[name]
+    row_block, _ = BYTES[name]
     n_out, rb = raw.shape
     nb = rb // row_block
     if not repackable((n_out, nb * QK)) or rb != nb * row_block:
         raise ValueError(f"cannot interleave a {name} matrix of {n_out} rows of {rb} bytes (8-row groups needed)")
-    src = np.asarray(raw).reshape(n_out // ROWS, ROWS, nb, row_block)
     out = np.empty((n_out, rb), dtype=np.uint8)
-    dst = out.reshape(n_out // ROWS, nb, group_block)
-    qs_at = 2 if name == "Q4_0" else 6
-    for b in range(nb):
-        blk = src[:, :, b, :]  # (G, 8 rows, row_block)
-        d = dst[:, b, :]
-        d[:, 0:16] = blk[:, :, 0:2].reshape(-1, 16)
-        if name == "Q5_0":
-            d[:, 16:48] = blk[:, :, 2:6].transpose(0, 2, 1).reshape(-1, 32)  # [byte k][row]
-        qs = blk[:, :, qs_at:qs_at + 16].reshape(-1, 2, 4, 2, 8)  # (G, half, row, chunk, 8)
-        d[:, group_block - 128:] = qs.transpose(0, 3, 1, 2, 4).reshape(-1, 128)
+    _repack_groups(np.ascontiguousarray(raw).reshape(-1), nb, name == "Q5_0", out.reshape(-1))
     return out
+
+
+@njit(cache=True, parallel=True)
+def _repack_groups(src, nb, five, dst):
+    row_block = 22 if five else 18
+    rb, qs_at, qs_to = nb * row_block, 6 if five else 2, 8 * row_block - 128
+    for g in prange(src.size // (ROWS * rb)):
+        for b in range(nb):
+            o = (g * nb + b) * 8 * row_block
+            for r in range(ROWS):
+                s = (g * ROWS + r) * rb + b * row_block
+                dst[o + 2 * r], dst[o + 2 * r + 1] = src[s], src[s + 1]  # d
+                if five:
+                    for k in range(4):  # qh: [byte k][row]
+                        dst[o + 16 + 8 * k + r] = src[s + 2 + k]
+                for c in range(2):  # qs: [chunk][half][row in half][8]
+                    for e in range(8):
+                        dst[o + qs_to + 64 * c + 32 * (r // 4) + 8 * (r % 4) + e] = src[s + qs_at + 8 * c + e]
 
 
 def repack_q4_0(raw: np.ndarray) -> np.ndarray:

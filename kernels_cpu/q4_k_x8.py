@@ -21,7 +21,7 @@ from the plain Q4_K dot.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from kernels_cpu.simd import (cvt_f32, fmav_f32, load_f16, load_f16x8, load_i8x32, prefetch, store_f32x8,
                               store_scaled, zero_f32)
@@ -43,38 +43,43 @@ def repackable(shape: tuple[int, ...]) -> bool:
     return len(shape) == 2 and shape[0] > 0 and shape[0] % ROWS == 0 and shape[1] % QK_K == 0
 
 
-def repack(raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Q4_K rows uint8 (n_out, nb * 144) -> the interleaved layout, uint8 (n_out, nb * 148)."""
+def repack(raw: np.ndarray) -> np.ndarray:
+    """Q4_K rows uint8 (n_out, nb * 144) -> the interleaved layout, uint8 (n_out, nb * 148); groups in parallel."""
     n_out, rb = raw.shape
     nb = rb // 144
     if not repackable((n_out, nb * QK_K)) or rb != nb * 144:
         raise ValueError(f"cannot interleave a Q4_K matrix of {n_out} rows of {rb} bytes (8-row groups needed)")
-    src = np.asarray(raw).reshape(n_out // ROWS, ROWS, nb, 144)
-    if out is None:
-        out = np.empty((n_out, nb * ROW_BLOCK_BYTES), dtype=np.uint8)
-    dst = out.reshape(n_out // ROWS, nb, BLOCK_BYTES)
-    for i in range(nb):  # one super-block column at a time: small temporaries
-        blk = src[:, :, i, :]  # (G, 8 rows, 144)
-        d = dst[:, i, :]
-        d[:, 0:16] = blk[:, :, 0:2].reshape(-1, 16)
-        d[:, 16:32] = blk[:, :, 2:4].reshape(-1, 16)
-        sc, mn = _scales_mins(blk[:, :, 4:16])  # (G, 8 rows, 8 sub-blocks) each
-        d[:, 32:96] = sc.transpose(0, 2, 1).reshape(-1, 64)
-        d[:, 96:160] = mn.reshape(-1, ROWS, 4, 2).transpose(0, 2, 1, 3).reshape(-1, 64)
-        d[:, 160:] = blk[:, :, 16:].reshape(-1, ROWS, 16, 8).transpose(0, 2, 1, 3).reshape(-1, 1024)
+    out = np.empty((n_out, nb * ROW_BLOCK_BYTES), dtype=np.uint8)
+    _repack_groups(np.ascontiguousarray(raw).reshape(-1), nb, out.reshape(-1))
     return out
 
 
-def _scales_mins(s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """get_scale_min_k4 of the 8 sub-blocks, from the 12 scale bytes (..., 12) -> (..., 8) uint8 each."""
-    s = s.astype(np.uint8)
-    sc = np.empty(s.shape[:-1] + (8,), np.uint8)
-    mn = np.empty_like(sc)
-    sc[..., :4] = s[..., 0:4] & 63
-    mn[..., :4] = s[..., 4:8] & 63
-    sc[..., 4:] = (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)
-    mn[..., 4:] = (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)
-    return sc, mn
+@njit(inline="always")
+def scale_min_k4(w, o, j):
+    """get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) of the q4_K/q5_K block at byte o."""
+    if j < 4:
+        return np.int32(w[o + 4 + j]) & 63, np.int32(w[o + 8 + j]) & 63
+    a, b, c = np.int32(w[o + j]), np.int32(w[o + 4 + j]), np.int32(w[o + 8 + j])
+    return (c & 0xF) | ((a >> 6) << 4), (c >> 4) | ((b >> 6) << 4)
+
+
+@njit(cache=True, parallel=True)
+def _repack_groups(src, nb, dst):
+    rb = nb * 144
+    for g in prange(src.size // (ROWS * rb)):
+        for i in range(nb):
+            o = (g * nb + i) * BLOCK_BYTES
+            for r in range(ROWS):
+                s = (g * ROWS + r) * rb + i * 144
+                dst[o + 2 * r], dst[o + 2 * r + 1] = src[s], src[s + 1]  # d
+                dst[o + 16 + 2 * r], dst[o + 17 + 2 * r] = src[s + 2], src[s + 3]  # dmin
+                for j in range(8):
+                    sc, m = scale_min_k4(src, s, j)
+                    dst[o + 32 + 8 * j + r] = sc
+                    dst[o + 96 + 16 * (j // 2) + 2 * r + j % 2] = m
+                for c in range(16):
+                    for e in range(8):
+                        dst[o + 160 + 64 * c + 8 * r + e] = src[s + 16 + 8 * c + e]
 
 
 @njit(cache=True, fastmath=True)

@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from kernels_cpu import q4_k_x8
+from kernels_cpu.q4_k_x8 import scale_min_k4
 from kernels_cpu.sched import next_task
 from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32, load_i16x16, load_nib16, load_u32,
                               prefetch, store_scaled, zero_f32)
@@ -34,15 +35,6 @@ TYPE_SIZE = np.array([84, 110, 144, 176, 210, 136, 148], dtype=np.int64)
 
 
 # -- scales -----------------------------------------------------------------------------------------------------
-@njit(inline="always")
-def scale_min_k4(w, o, j):
-    """get_scale_min_k4: the 6-bit scale and min of sub-block j (0..7) of the q4_K/q5_K block at byte o."""
-    if j < 4:
-        return np.int32(w[o + 4 + j]) & 63, np.int32(w[o + 8 + j]) & 63
-    a, b, c = np.int32(w[o + j]), np.int32(w[o + 4 + j]), np.int32(w[o + 8 + j])
-    return (c & 0xF) | ((a >> 6) << 4), (c >> 4) | ((b >> 6) << 4)
-
-
 @njit(inline="always")
 def scales_mins_k4(w, o):
     """The 8 scales and 8 mins of the q4_K/q5_K block at byte o, one per byte of two int64 (ggml's utmp)."""
