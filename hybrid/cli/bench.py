@@ -48,9 +48,9 @@ def bench(
     nopo: Annotated[str, typer.Option("-nopo", "--no-op-offload", help="1: the CPU layers' prefill stays on the CPU; "
                                       "0: batches of >= 32 tokens run them on the GPU, weights streamed (comma-separated "
                                       "to compare).")] = "0",
-    no_repack: Annotated[str, typer.Option("-nr", "--no-repack", help="1: the CPU layers' Q4_K weights stay as in the "
-                                           "file; 0: repacked into 8-row groups at load (comma-separated to "
-                                           "compare).")] = "0",
+    no_repack: Annotated[str, typer.Option("-nr", "--no-repack", help="1: the CPU layers' Q4_0/Q5_0/Q4_K weights stay "
+                                           "as in the file; 0: repacked into 8-row groups at load (not under op "
+                                           "offload; comma-separated to compare).")] = "0",
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed repetitions per test.")] = 5,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, json, csv.")] = "md",
     numa: NumaOpt = None,
