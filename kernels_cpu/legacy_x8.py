@@ -6,7 +6,8 @@ Layout: rows 8G..8G + 7 form group G, nb blocks of 8 rows each, block b of group
 
     Q4_0 (144 bytes = 8 x 18)              Q5_0 (176 bytes = 8 x 22)
     0    d[8]           fp16               0    d[8]          fp16
-                                           16   qh[4][8]      [byte k][row r]: byte k of row r's qh
+                                           16   hb[32]        the 5th bits: bit v of byte 8i + e is that of
+                                                              lane 8i + e of code vector v = 4c + 2 half + h
     16   qs[2][2][4][8] [chunk c][half]    48   qs[2][2][4][8]
          [row 4 half + i]: bytes 8c..8c + 7 of the row's qs (low nibbles: elements 8c + 0..7; high: 16 + 8c + 0..7)
 
@@ -20,9 +21,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from kernels_cpu.simd import (cvt_f32, fmav_f32, load_bits32, load_f16x8, load_i8x32, prefetch, store_f32x8,
-                              zero_f32)
-from kernels_cpu.simd_int import and_i8, madd, maddubs, or_i8, shr_i8, splat_i16
+from kernels_cpu.simd import cvt_f32, fmav_f32, load_f16x8, load_i8x32, prefetch, store_f32x8, zero_f32
+from kernels_cpu.simd_int import and_i8, madd, maddubs, or_i8, shl_i8, shr_i8, splat_i16
 from kernels_cpu.simd_k import sub_i16
 from kernels_cpu.simd_x8 import add_i16, bcast_i8x8, dup_hi_f32, dup_lo_f32, pairsum_sub_f32, scale_f32, splat_i8
 
@@ -55,12 +55,16 @@ def _repack_groups(src, nb, five, dst):
     for g in prange(src.size // (ROWS * rb)):
         for b in range(nb):
             o = (g * nb + b) * 8 * row_block
+            if five:
+                dst[o + 16:o + 48] = 0
             for r in range(ROWS):
                 s = (g * ROWS + r) * rb + b * row_block
                 dst[o + 2 * r], dst[o + 2 * r + 1] = src[s], src[s + 1]  # d
-                if five:
-                    for k in range(4):  # qh: [byte k][row]
-                        dst[o + 16 + 8 * k + r] = src[s + 2 + k]
+                if five:  # the 5th bit of element j = 8c + e + 16h goes to bit 4c + 2 half + h of hb[8i + e]
+                    for j in range(32):
+                        c, e, h = (j // 8) % 2, j % 8, j // 16
+                        bit = (src[s + 2 + j // 8] >> (j % 8)) & 1
+                        dst[o + 16 + 8 * (r % 4) + e] |= bit << (4 * c + 2 * (r // 4) + h)
                 for c in range(2):  # qs: [chunk][half][row in half][8]
                     for e in range(8):
                         dst[o + qs_to + 64 * c + 32 * (r // 4) + 8 * (r % 4) + e] = src[s + qs_at + 8 * c + e]
@@ -77,14 +81,20 @@ def repack_q5_0(raw: np.ndarray) -> np.ndarray:
 
 
 @njit(inline="always")
-def _half_sum(w, qo, ho, xl0, xl1, xh0, xh1, five):
-    """int16 lanes (4 per row) of sum q * q8 over one block of 4 rows: qs of chunk c at qo + 64 c, and for Q5_0
-    (five) the 5th bits: byte k of the 4 rows at ho + 8 k."""
+def _bit4(hb, v):
+    """Bit v of every byte of hb moved to bit 4 (the 5th bit of a Q5_0 code)."""
+    return and_i8(shl_i8(hb, 4 - v), 16) if v <= 4 else and_i8(shr_i8(hb, v - 4), 16)
+
+
+@njit(inline="always")
+def _half_sum(w, qo, hb, half, xl0, xl1, xh0, xh1, five):
+    """int16 lanes (4 per row) of sum q * q8 over one block of 4 rows (rows 4 half ..): qs of chunk c at
+    qo + 64 c, and for Q5_0 (five) the 5th bits from hb."""
     q0, q1 = load_i8x32(w, qo), load_i8x32(w, qo + 64)
     lo0, hi0, lo1, hi1 = and_i8(q0, 15), shr_i8(q0, 4), and_i8(q1, 15), shr_i8(q1, 4)
     if five:
-        lo0, lo1 = or_i8(lo0, load_bits32(w, ho, 16)), or_i8(lo1, load_bits32(w, ho + 8, 16))
-        hi0, hi1 = or_i8(hi0, load_bits32(w, ho + 16, 16)), or_i8(hi1, load_bits32(w, ho + 24, 16))
+        lo0, hi0 = or_i8(lo0, _bit4(hb, 2 * half)), or_i8(hi0, _bit4(hb, 2 * half + 1))
+        lo1, hi1 = or_i8(lo1, _bit4(hb, 4 + 2 * half)), or_i8(hi1, _bit4(hb, 5 + 2 * half))
     # |lane| <= 4 * 2 * 31 * 127 < 2**15
     return add_i16(add_i16(maddubs(lo0, xl0), maddubs(hi0, xh0)), add_i16(maddubs(lo1, xl1), maddubs(hi1, xh1)))
 
@@ -105,8 +115,9 @@ def _dot8(w, go, xq, xd, nb, y, r0, five):
         xh0, xh1 = bcast_i8x8(xq, xb + 16), bcast_i8x8(xq, xb + 24)
         # the offset times the activations, the same for every row: sum over the 4 runs of 8 of off * q8
         z = add_i16(add_i16(maddubs(off, xl0), maddubs(off, xh0)), add_i16(maddubs(off, xl1), maddubs(off, xh1)))
-        s_lo = sub_i16(_half_sum(w, qo, o + 16, xl0, xl1, xh0, xh1, five), z)
-        s_hi = sub_i16(_half_sum(w, qo + 32, o + 20, xl0, xl1, xh0, xh1, five), z)
+        hb = load_i8x32(w, o + 16)  # (Q5_0: the 5th bits; Q4_0: unused)
+        s_lo = sub_i16(_half_sum(w, qo, hb, 0, xl0, xl1, xh0, xh1, five), z)
+        s_hi = sub_i16(_half_sum(w, qo + 32, hb, 1, xl0, xl1, xh0, xh1, five), z)
         d8 = scale_f32(load_f16x8(w, o), xd[b])
         f_lo = fmav_f32(f_lo, cvt_f32(madd(s_lo, ones)), dup_lo_f32(d8))
         f_hi = fmav_f32(f_hi, cvt_f32(madd(s_hi, ones)), dup_hi_f32(d8))
@@ -139,9 +150,13 @@ def unpack_row(w, wo, nb, five, out):
         o, ob = go + b * 8 * row_block, b * row_block
         out[ob] = w[o + 2 * s]
         out[ob + 1] = w[o + 2 * s + 1]
-        if five:
+        if five:  # qh from the 5th bits (the inverse of _repack_groups)
             for k in range(4):
-                out[ob + 2 + k] = w[o + 16 + 8 * k + s]
+                out[ob + 2 + k] = 0
+            for j in range(32):
+                c, e, h = (j // 8) % 2, j % 8, j // 16
+                bit = (w[o + 16 + 8 * (s % 4) + e] >> (4 * c + 2 * (s // 4) + h)) & 1
+                out[ob + 2 + j // 8] |= bit << (j % 8)
         qo = o + 8 * row_block - 128 + 32 * (s // 4) + 8 * (s % 4)
         for c in range(2):
             for e in range(8):
