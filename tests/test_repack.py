@@ -167,3 +167,12 @@ def test_repack_under_numa_and_mlock(tmp_path):
     assert any(w.type_name in REPACKED for lw in eng.weights.layers for w in lw.values())
     assert any(n.startswith("numa:") for n in notes) and any("mlock" in n for n in notes)
     assert np.isfinite(np.asarray(eng.eval([3, 4, 5], eng.new_cache()))).all()
+
+
+def test_repack_with_no_mmap_frees_the_copies_source_and_agrees(tmp_path):
+    path = _model(tmp_path, mix="Q5_0")
+    a = Engine.load(path, EngineParams(n_ctx=64))
+    b = Engine.load(path, EngineParams(n_ctx=64, use_mmap=False))  # anonymous memory: the released pages are freed
+    assert any(w.type_name in REPACKED for lw in b.weights.layers for w in lw.values())
+    la, lb = (np.asarray(e.eval([3, 4, 5, 6], e.new_cache())) for e in (a, b))
+    assert np.array_equal(la, lb)
