@@ -5,8 +5,9 @@ replaces the mapping's pages: each matrix's pages are released (MADV_DONTNEED) a
 resident memory grows by at most the layout's extra bytes (Q4_K: 4 bytes a block, 2.8%; Q4_0/Q5_0: none), not
 by the matrices. Bytes a matrix shares with its neighbours' pages stay mapped.
 
-Only plain 2-D matrices are repacked (not MoE experts, not an output tied to the token embeddings, whose rows
-the embedding lookup reads), and not when op offload streams the CPU layers' weights to a GPU as they are.
+Matrices and MoE expert tensors (each expert's matrix on its own) are repacked; not an output tied to the token
+embeddings (the embedding lookup reads its rows), and nothing when op offload streams the CPU layers' weights to
+a GPU as they are.
 """
 
 from __future__ import annotations
@@ -64,10 +65,19 @@ def repack_weights(weights: ModelWeights, layers: Iterable[int], output: bool) -
 
 def _repacked(w: Weight) -> Weight | None:
     layout = LAYOUTS.get(w.type_name)
-    if layout is None or not isinstance(w.raw, np.ndarray) or w.raw.ndim != 2 or not layout[1](w.shape):
+    if layout is None or not isinstance(w.raw, np.ndarray) or w.raw.ndim not in (2, 3):
         return None
-    name, _, repack = layout
-    return Weight(w.name, name, w.shape, repack(w.raw))
+    name, repackable, repack = layout
+    if not repackable(w.shape[-2:]):
+        return None
+    if w.raw.ndim == 2:
+        return Weight(w.name, name, w.shape, repack(w.raw))
+    first = repack(w.raw[0])  # MoE experts (n_expert, out, in): each expert's matrix on its own
+    out = np.empty((w.raw.shape[0], *first.shape), dtype=np.uint8)
+    out[0] = first
+    for e in range(1, w.raw.shape[0]):
+        out[e] = repack(w.raw[e])
+    return Weight(w.name, name, w.shape, out)
 
 
 def _release(raw: np.ndarray) -> int:

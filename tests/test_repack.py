@@ -176,3 +176,20 @@ def test_repack_with_no_mmap_frees_the_copies_source_and_agrees(tmp_path):
     assert any(w.type_name in REPACKED for lw in b.weights.layers for w in lw.values())
     la, lb = (np.asarray(e.eval([3, 4, 5, 6], e.new_cache())) for e in (a, b))
     assert np.array_equal(la, lb)
+
+
+def test_moe_experts_are_repacked_expert_by_expert(tmp_path):
+    path = _model(tmp_path, arch="qwen3moe")
+    a = Engine.load(path, EngineParams(n_ctx=64))
+    b = Engine.load(path, EngineParams(n_ctx=64, repack=False))
+    experts = [(k, w) for k, w in b.weights.layers[0].items() if w.raw.ndim == 3 and w.type_name in LAYOUTS]
+    assert experts
+    for key, wb in experts:
+        wa = a.weights.layers[0][key]
+        assert wa.type_name == LAYOUTS[wb.type_name][0] and wa.raw.shape[0] == wb.raw.shape[0]
+        for e in range(wb.raw.shape[0]):
+            assert np.array_equal(wa.expert(e).raw, LAYOUTS[wb.type_name][2](np.asarray(wb.raw[e])))
+    ca, cb = a.new_cache(), b.new_cache()
+    for tokens in ([3, 4, 5, 6, 7], [8], [9]):
+        la, lb = np.asarray(a.eval(tokens, ca))[-1], np.asarray(b.eval(tokens, cb))[-1]
+        assert la.argmax() == lb.argmax() and np.abs(la - lb).max() < 1e-3 * np.abs(lb).max()
