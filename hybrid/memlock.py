@@ -16,6 +16,7 @@ from . import numa
 from .weights import ModelWeights
 
 MADV_WILLNEED = 3
+MADV_DONTNEED = 4
 PAGE = mmap.PAGESIZE
 
 
@@ -59,6 +60,16 @@ def page_ranges(arrays: Iterable[np.ndarray]) -> list[tuple[int, int]]:
         else:
             merged.append((s, e))
     return merged
+
+
+def release_pages(a: np.ndarray) -> int:
+    """madvise(MADV_DONTNEED) the whole pages inside a's bytes (file pages leave this process's resident set,
+    anonymous ones are freed); the caller no longer reads them. Returns the bytes released."""
+    addr = a.__array_interface__["data"][0]
+    start, end = -(-addr // PAGE) * PAGE, (addr + a.nbytes) // PAGE * PAGE
+    if end <= start:
+        return 0
+    return end - start if _libc().madvise(start, end - start, MADV_DONTNEED) == 0 else 0
 
 
 def _fmt(n: int) -> str:

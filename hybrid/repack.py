@@ -12,8 +12,6 @@ a GPU as they are.
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -21,10 +19,9 @@ import numpy as np
 
 from kernels_cpu import legacy_x8, q4_k_x8
 
+from .memlock import release_pages
 from .weights import ModelWeights, Weight
 
-MADV_DONTNEED = 4
-PAGE = mmap.PAGESIZE
 # GGML type -> (the repacked layout's name in kernels_cpu.matmul.REPACKED, can this shape be repacked, repack)
 LAYOUTS = {
     "Q4_0": ("Q4_0_X8", legacy_x8.repackable, legacy_x8.repack_q4_0),
@@ -50,7 +47,7 @@ def repack_weights(weights: ModelWeights, layers: Iterable[int], output: bool) -
         new = _repacked(w)
         if new is None:
             return w
-        done.append((w.type_name, new.nbytes, _release(w.raw)))  # each one's pages as soon as it is copied
+        done.append((w.type_name, new.nbytes, release_pages(w.raw)))  # each one's pages as soon as it is copied
         return new
 
     for il in layers:
@@ -78,15 +75,3 @@ def _repacked(w: Weight) -> Weight | None:
     for e in range(1, w.raw.shape[0]):
         out[e] = repack(w.raw[e])
     return Weight(w.name, name, w.shape, out)
-
-
-def _release(raw: np.ndarray) -> int:
-    """madvise(MADV_DONTNEED) the whole pages inside raw's bytes (file pages leave this process's resident set,
-    anonymous ones are freed); the caller no longer reads them. Returns the bytes released."""
-    addr = raw.__array_interface__["data"][0]
-    start, end = -(-addr // PAGE) * PAGE, (addr + raw.nbytes) // PAGE * PAGE
-    if end <= start:
-        return 0
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
-    return end - start if libc.madvise(start, end - start, MADV_DONTNEED) == 0 else 0

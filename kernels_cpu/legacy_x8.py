@@ -22,9 +22,9 @@ import numpy as np
 from numba import njit, prange
 
 from kernels_cpu.simd import cvt_f32, fmav_f32, load_f16x8, load_i8x32, prefetch, store_f32x8, zero_f32
-from kernels_cpu.simd_int import and_i8, madd, maddubs, or_i8, shl_i8, shr_i8, splat_i16
+from kernels_cpu.simd_int import add_i16, and_i8, madd, maddubs, or_i8, shl_i8, shr_i8, splat_i8, splat_i16
 from kernels_cpu.simd_k import sub_i16
-from kernels_cpu.simd_x8 import add_i16, bcast_i8x8, dup_hi_f32, dup_lo_f32, pairsum_sub_f32, scale_f32, splat_i8
+from kernels_cpu.simd_x8 import bcast_i8x8, dup_hi_f32, dup_lo_f32, pairsum_sub_f32, scale_f32
 
 QK = 32
 ROWS = 8

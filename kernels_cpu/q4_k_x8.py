@@ -25,8 +25,8 @@ from numba import njit, prange
 
 from kernels_cpu.simd import (cvt_f32, fmav_f32, load_f16, load_f16x8, load_i8x32, prefetch, store_f32x8,
                               store_scaled, zero_f32)
-from kernels_cpu.simd_int import add_i32, and_i8, madd, maddubs, shr_i8, zero_i32
-from kernels_cpu.simd_x8 import (add_i16, bcast_i8x8, bsum_pair, dup_hi_f32, dup_lo_f32, gather_i8x8x4, load_u8x16,
+from kernels_cpu.simd_int import add_i16, add_i32, and_i8, madd, maddubs, shr_i8, zero_i32
+from kernels_cpu.simd_x8 import (bcast_i8x8, bsum_pair, dup_hi_f32, dup_lo_f32, gather_i8x8x4, load_u8x16,
                                  pairsum_sub_f32, scale_f32, scales4_u8)
 
 QK_K = 256

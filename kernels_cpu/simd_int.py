@@ -211,6 +211,28 @@ def splat2_i16(typingctx, a, b):
 
 
 @intrinsic
+def splat_i8(typingctx, c):
+    """All 32 byte lanes = c."""
+    if not isinstance(c, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return ir_splat(builder, _V8x32, _i8_scalar(context, builder, sig.args[0], args[0]))
+    return I8x32(c), codegen
+
+
+@intrinsic
+def add_i16(typingctx, a, b):
+    """a + b, int16 lanes (wrapping; callers keep it exact)."""
+    if not (a == I16x16 and b == I16x16):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.add(args[0], args[1])
+    return I16x16(a, b), codegen
+
+
+@intrinsic
 def add_i32(typingctx, a, b):
     if not (a == I32x8 and b == I32x8):
         return None

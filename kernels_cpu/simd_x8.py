@@ -49,29 +49,6 @@ def gather_i8x8x4(typingctx, a, off, stride):
 
 
 @intrinsic
-def splat_i8(typingctx, c):
-    """All 32 byte lanes = c."""
-    if not isinstance(c, types.Integer):
-        return None
-
-    def codegen(context, builder, sig, args):
-        x = builder.trunc(context.cast(builder, args[0], sig.args[0], types.int64), _I8)
-        return ir_splat(builder, _V8x32, x)
-    return I8x32(c), codegen
-
-
-@intrinsic
-def add_i16(typingctx, a, b):
-    """a + b, int16 lanes (wrapping; callers keep it exact)."""
-    if not (a == I16x16 and b == I16x16):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.add(args[0], args[1])
-    return I16x16(a, b), codegen
-
-
-@intrinsic
 def scales4_u8(typingctx, a, off):
     """The 4 unsigned bytes a[off:off + 4] as int16 lanes, each 4 times: lanes 4r..4r + 3 = byte r, the scale of
     row r against the 4 lanes maddubs leaves per row of an interleaved register."""
