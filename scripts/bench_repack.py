@@ -22,7 +22,7 @@ from numba import njit, prange
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hybrid.repack import LAYOUTS  # noqa: E402
+from hybrid.backends.repack import LAYOUTS  # noqa: E402
 from kernels_cpu import act_quant, vec_dot_k, vec_dot_legacy  # noqa: E402
 from kernels_cpu.matmul import KERNELS, REPACKED  # noqa: E402
 

@@ -49,7 +49,7 @@ def main() -> int:
     ap.add_argument("-t", "--threads", default="0")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from hybrid.models import resolve_model  # noqa: PLC0415 - after the path is set
+    from hybrid.model.files import resolve_model  # noqa: PLC0415 - after the path is set
 
     model = str(resolve_model(args.model))
     work = Path(tempfile.mkdtemp(prefix="hybrid-start-"))

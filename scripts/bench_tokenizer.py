@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gguf_io import open_gguf  # noqa: E402
-from hybrid.tokenizer import Tokenizer  # noqa: E402
+from hybrid.text.tokenizer import Tokenizer  # noqa: E402
 
 DEFAULT_TEXT = ROOT.parent / "shared" / "fixtures" / "gemma-3-270m" / "gpl3.txt"
 

@@ -107,7 +107,7 @@ def main() -> None:
         import llama_cpp  # noqa: F401, PLC0415
     except ImportError:
         sys.exit("llama-cpp-python is not installed: pip install llama-cpp-python (or --llamacpp-path DIR)")
-    from hybrid.models import demo_model_path  # noqa: PLC0415
+    from hybrid.model.files import demo_model_path  # noqa: PLC0415
 
     model = a.model or str(demo_model_path())
     print(f"model {model}, -ctk/-ctv {a.ctk}, {a.r} repetitions, llama.cpp {llama_cpp.__version__}", flush=True)

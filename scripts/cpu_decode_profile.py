@@ -35,10 +35,10 @@ def main() -> None:
     ap.add_argument("--ab", type=int, default=3, help="rounds of fused vs op by op, untimed, alternating")
     a = ap.parse_args()
 
-    from hybrid.backend_cpu import CpuBackend
-    from hybrid.engine import Engine, EngineParams
-    from hybrid.models import demo_model_path
-    from hybrid.threads import setup_threads
+    from hybrid.backends.cpu import CpuBackend
+    from hybrid.engine.engine import Engine, EngineParams
+    from hybrid.model.files import demo_model_path
+    from hybrid.system.threads import setup_threads
 
     threads = setup_threads(a.threads)
     eng = Engine.load(a.model or demo_model_path(), EngineParams(n_ctx=max(256, a.depth + a.n + 8)))

@@ -78,7 +78,7 @@ def record_token(eng, gpu, cache, tok: int) -> list[tuple[tuple, object, int]]:
 def main() -> int:
     import cupy
 
-    from hybrid.engine import Engine, EngineParams
+    from hybrid.engine.engine import Engine, EngineParams
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model", type=Path)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hybrid.synth import PRESETS, plan_model, write_plan  # noqa: E402
-from hybrid.synth_types import MIXES  # noqa: E402
+from hybrid.tools.synth.model import PRESETS, plan_model, write_plan  # noqa: E402
+from hybrid.tools.synth.qtypes import MIXES  # noqa: E402
 from gguf_io.config import SUPPORTED_ARCHITECTURES  # noqa: E402
 
 _OVERRIDES = ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab", "head_dim", "n_expert",

@@ -1,4 +1,4 @@
-"""Shared test fixtures: where the shared fixtures and the demo model are, skipping cleanly when absent."""
+"""Shared test fixtures: where tests/fixtures and the demo model are, skipping cleanly when absent."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"  # the repository's own copy (tests/fixtures/README.md)
 
 
 def _demo_model() -> Path | None:
@@ -15,7 +15,7 @@ def _demo_model() -> Path | None:
     if env:
         return Path(env) if Path(env).is_file() else None
     from hybrid.errors import ModelNotFound
-    from hybrid.models import demo_model_path
+    from hybrid.model.files import demo_model_path
 
     try:
         return demo_model_path()  # assembles it once from the `demo` extra into ~/.cache/hybrid
@@ -31,7 +31,7 @@ def pytest_sessionstart(session):  # noqa: ARG001 - pytest hook signature
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():
-        pytest.skip(f"shared fixtures not found at {FIXTURES} (they live in ../shared/fixtures beside the checkout)")
+        pytest.skip(f"fixture data not found at {FIXTURES} (tests/fixtures is part of the repository)")
     return FIXTURES
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from hybrid.chat import BUILTIN_TEMPLATES, ChatTemplate, choose_template
+from hybrid.text.chat_template import BUILTIN_TEMPLATES, ChatTemplate, choose_template
 from hybrid.errors import HybridError
 
 

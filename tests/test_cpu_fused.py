@@ -8,10 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybrid.arch.blocks import layer_forward
-from hybrid.cpu_fused import ffn_fusable, fusable
-from hybrid.engine import Engine, EngineParams
-from hybrid.synth import make_model
+from hybrid.model.arch.blocks import layer_forward
+from hybrid.backends.cpu_fused import ffn_fusable, fusable
+from hybrid.engine.engine import Engine, EngineParams
+from hybrid.tools.synth.model import make_model
 from kernels_cpu.matmul import GEMM_MIN_TOKENS
 from kernels_cpu.norm import SERIAL_MAX_ELEMS
 

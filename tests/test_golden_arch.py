@@ -1,13 +1,13 @@
 """Golden tests: our next-token distributions on the synthetic llama/qwen2/qwen3/qwen3moe models vs llama.cpp's
-top-20 log-probs (../shared/fixtures/arch, see its README for exactly what is scored)."""
+top-20 log-probs (tests/fixtures/arch, see its README for exactly what is scored)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from hybrid.engine import Engine, EngineParams
-from hybrid.sampling import log_softmax
+from hybrid.engine.engine import Engine, EngineParams
+from hybrid.generate.sampling import log_softmax
 
 # (top-1 agreement >=, median KL <). The issue's bounds were 0.995/1e-4 (llama-f16), 0.97/1e-3 (other f16),
 # 0.88/1e-2 (dense q4_k_m), 0.75/5e-2 (moe). Our kernels quantize activations as llama.cpp's CPU backend does
@@ -69,8 +69,8 @@ def test_perplexity_chunks_are_llama_cpp_s(fixtures_dir):
     """`hybrid perplexity -c 128 --chunks 16` evaluates exactly the token chunks llama-perplexity evaluated
     (so the PPL asserted above is the one the command prints)."""
     from gguf_io import open_gguf
-    from hybrid.perplexity import chunk_tokens
-    from hybrid.tokenizer import Tokenizer
+    from hybrid.tools.perplexity import chunk_tokens
+    from hybrid.text.tokenizer import Tokenizer
 
     raw = (fixtures_dir / "gemma-3-270m" / "gpl3.txt").read_bytes().decode("utf-8")
     with open_gguf(fixtures_dir / "arch" / "llama-f16.gguf") as f:

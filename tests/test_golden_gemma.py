@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from hybrid.engine import Engine, EngineParams
-from hybrid.perplexity import chunk_tokens, perplexity
-from hybrid.sampling import log_softmax
+from hybrid.engine.engine import Engine, EngineParams
+from hybrid.tools.perplexity import chunk_tokens, perplexity
+from hybrid.generate.sampling import log_softmax
 
 TOP5_MIN_OVERLAP = 4  # of 5, at every step of the agreed prefix
 # A llama.cpp top-5 token counts as in our top-5 when its log-prob is within this of our 5th best: ranks inside a

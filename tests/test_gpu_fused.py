@@ -162,8 +162,8 @@ def test_matmul_many_in_a_cuda_graph(monkeypatch):
 
 
 def test_backend_matmuls_vs_matmul():
-    from hybrid.backend_gpu import GpuBackend
-    from hybrid.weights import Weight
+    from hybrid.backends.gpu import GpuBackend
+    from hybrid.model.weights import Weight
 
     gpu = GpuBackend()
     rng = np.random.default_rng(31)

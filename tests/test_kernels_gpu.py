@@ -482,8 +482,8 @@ def test_glu_vectorized_matches(act):
 @pytest.fixture(scope="module")
 def backends():
     pytest.importorskip("numba")  # the CPU backend's kernels
-    from hybrid.backend_cpu import CpuBackend
-    from hybrid.backend_gpu import GpuBackend
+    from hybrid.backends.cpu import CpuBackend
+    from hybrid.backends.gpu import GpuBackend
 
     return CpuBackend(), GpuBackend()
 
@@ -491,7 +491,7 @@ def backends():
 @pytest.mark.parametrize("name", ["F32", "F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "IQ4_XS"])
 @pytest.mark.parametrize("n_tok", [1, 5, 40])
 def test_backend_matmul_vs_cpu(backends, name, n_tok):
-    from hybrid.weights import Weight
+    from hybrid.model.weights import Weight
 
     cpu, gpu = backends
     rng = np.random.default_rng(17)
@@ -507,7 +507,7 @@ def test_backend_matmul_vs_cpu(backends, name, n_tok):
 def test_backend_quantizes_a_shared_input_once(backends, monkeypatch):
     # q, k, v (and gate, up) multiply one x: the backend quantizes it once; results equal separate matmuls
     import kernels_gpu.matmul as gm
-    from hybrid.weights import Weight
+    from hybrid.model.weights import Weight
 
     _, gpu = backends
     rng = np.random.default_rng(29)
@@ -587,8 +587,8 @@ def test_engine_layers_gpu_vs_cpu(tmp_path, arch, wtype):
     """A tiny synthetic model: all layers on the GPU vs all on the CPU give the same logits."""
     from gguf_factory import tiny_model, write_gguf
 
-    from hybrid.backend_gpu import GpuBackend
-    from hybrid.engine import Engine, EngineParams
+    from hybrid.backends.gpu import GpuBackend
+    from hybrid.engine.engine import Engine, EngineParams
 
     md, ts = tiny_model(arch, n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, weight_type=wtype)
     rng = np.random.default_rng(37)
@@ -614,7 +614,7 @@ def test_engine_offload_all_layers(tmp_path):
     """Engine.load with -ngl all (placement + upload by the engine) agrees with the CPU-only engine."""
     from gguf_factory import tiny_model, write_gguf
 
-    from hybrid.engine import Engine, EngineParams
+    from hybrid.engine.engine import Engine, EngineParams
 
     md, ts = tiny_model("qwen3", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, weight_type="F32")
     path = write_gguf(tmp_path / "q3.gguf", md, ts)

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from gguf_io import open_gguf
-from hybrid import numa
-from hybrid.devices import numa_nodes
-from hybrid.engine import Engine, EngineParams
-from hybrid.memlock import PAGE, lock_ranges, page_ranges, prepare_cpu_weights, unlock
+from hybrid.system import numa
+from hybrid.system.devices import numa_nodes
+from hybrid.engine.engine import Engine, EngineParams
+from hybrid.system.memlock import PAGE, lock_ranges, page_ranges, prepare_cpu_weights, unlock
 
 ROOT = Path(__file__).resolve().parents[1]
 CAP_IPC_LOCK, PR_CAPBSET_DROP = 14, 24
@@ -116,7 +116,7 @@ def test_numa_on_one_node_says_it_is_a_no_op(model):
     if len(numa_nodes()) > 1:
         pytest.skip("a multi-node machine: the no-op path does not apply")
     with open_gguf(model) as f:
-        from hybrid.weights import load_weights
+        from hybrid.model.weights import load_weights
         from gguf_io import ModelConfig
 
         notes, lock = prepare_cpu_weights(load_weights(f, ModelConfig.from_gguf(f)), "distribute")

@@ -12,13 +12,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybrid.backend_cpu import CpuBackend
-from hybrid.devices import probe_gpus
-from hybrid.offload import (MATRIX_ORDER, OP_OFFLOAD_MIN_BATCH, STREAM_PIECE_MAX_BYTES, STREAM_SLOTS, OpOffload,
+from hybrid.backends.cpu import CpuBackend
+from hybrid.system.devices import probe_gpus
+from hybrid.backends.op_offload import (MATRIX_ORDER, OP_OFFLOAD_MIN_BATCH, STREAM_PIECE_MAX_BYTES, STREAM_SLOTS, OpOffload,
                             op_offload_bytes, row_pieces, slot_bytes, stream_order, wants_offload)
-from hybrid.placement import GPU_OVERHEAD_BYTES
-from hybrid.synth import ModelShape, make_model
-from hybrid.weights import Weight
+from hybrid.plan.placement import GPU_OVERHEAD_BYTES
+from hybrid.tools.synth.model import ModelShape, make_model
+from hybrid.model.weights import Weight
 
 SHAPE = ModelShape(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=1024, n_swa=32)
 KL_MAX_F16 = 1e-3
@@ -178,7 +178,7 @@ def test_cli_flag_turns_it_off():
 @pytest.mark.skipif(has_gpu(), reason="the GPU tests below cover a machine with a GPU")
 def test_no_gpu_means_no_offload(tmp_path):
     pytest.importorskip("numba")
-    from hybrid.engine import Engine, EngineParams
+    from hybrid.engine.engine import Engine, EngineParams
 
     path = tmp_path / "llama.gguf"
     make_model(path, "llama", SHAPE, "F16", seed=3, threads=1)
@@ -229,8 +229,8 @@ def models(tmp_path_factory):
 def test_streamed_matmul_equals_resident(models, mix, max_piece, direct):
     import cupy
 
-    from hybrid.backend_gpu import GpuBackend
-    from hybrid.engine import Engine, EngineParams
+    from hybrid.backends.gpu import GpuBackend
+    from hybrid.engine.engine import Engine, EngineParams
     from kernels_gpu.transfer import WeightStream
 
     eng = Engine.load(models("llama", mix), EngineParams(n_ctx=64, repack=False))  # the file's layout, as streamed
@@ -267,7 +267,7 @@ def test_streamed_matmul_equals_resident(models, mix, max_piece, direct):
 def test_prefill_with_op_offload_matches_without(models, arch, ngl):
     """96 tokens in micro-batches of 32 (each offloaded, the later ones attending to the host cache), then 40
     more over that cache: the same log-probs at every position as the CPU layers' own prefill (F16)."""
-    from hybrid.engine import Engine, EngineParams
+    from hybrid.engine.engine import Engine, EngineParams
 
     path = models(arch)
     seq = np.random.default_rng(7).integers(1, SHAPE.n_vocab, 136)
@@ -297,7 +297,7 @@ def test_prefill_with_op_offload_matches_without(models, arch, ngl):
 @pytest.mark.gpu
 @gpu_only
 def test_op_offload_is_counted_in_the_budget(models):
-    from hybrid.engine import Engine, EngineParams
+    from hybrid.engine.engine import Engine, EngineParams
     from hybrid.errors import PlacementError
 
     path = models("llama")

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from gguf_factory import tiny_model, write_gguf
 from gguf_io import GGML_TYPE_IDS, GGML_TYPES, ModelConfig, TensorInfo, open_gguf
 from hybrid.errors import PlacementError
-from hybrid.placement import (GPU_OVERHEAD_BYTES, PlacementPlan, kv_bytes_per_cell, kv_cells,
+from hybrid.plan.placement import (GPU_OVERHEAD_BYTES, PlacementPlan, kv_bytes_per_cell, kv_cells,
                               plan, scratch_bytes)
-from hybrid.placement_explain import plan_rows
-from hybrid.sizes import GiB, MiB
+from hybrid.plan.explain import plan_rows
+from hybrid.system.sizes import GiB, MiB
 
 # -- synthetic big models: TensorInfo tables of real shapes, Q4_K_M-like types ---------------------------------
 LLAMA_8B = dict(n_layer=32, n_embd=4096, n_head=32, n_head_kv=8, n_ff=14336, n_vocab=128256)

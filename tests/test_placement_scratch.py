@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybrid.placement import GEMM_CHUNK_ELEMENTS, GEMM_MIN_TOKENS, GEMM_STACK_ELEMENTS, POOL_UNIT, plan, scratch_bytes
-from hybrid.sizes import GiB, MiB
+from hybrid.plan.placement import GEMM_CHUNK_ELEMENTS, GEMM_MIN_TOKENS, GEMM_STACK_ELEMENTS, POOL_UNIT, plan, scratch_bytes
+from hybrid.system.sizes import GiB, MiB
 from test_placement import LLAMA_8B, QWEN_32B, make_config, model
 
 SMALL = dict(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=1000)

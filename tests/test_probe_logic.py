@@ -8,10 +8,10 @@ import math
 import pytest
 
 from hybrid.errors import HybridError, PlacementError
-from hybrid.placement import plan
-from hybrid.probe import (DEFAULT_MARGIN_BYTES, bisect_ceiling, find_ceiling, kv_type_table, predict_max_ngl,
+from hybrid.plan.placement import plan
+from hybrid.plan.probe import (DEFAULT_MARGIN_BYTES, bisect_ceiling, find_ceiling, kv_type_table, predict_max_ngl,
                           recommend)
-from hybrid.sizes import GiB, MiB, InvalidSize, format_pair, format_size, parse_size
+from hybrid.system.sizes import GiB, MiB, InvalidSize, format_pair, format_size, parse_size
 from test_placement import LLAMA_8B, QWEN_32B, model
 
 
@@ -191,8 +191,8 @@ def test_placement_error_is_a_hybrid_error():
 # -- probe_ngl: the one chain shared by `hybrid probe` and `-ngl auto` ----------------------------------------
 def test_probe_ngl_against_a_fake_allocator():
     """prediction -> attempts (each recorded, in order) -> recommendation; a dry run is the prediction alone."""
-    from hybrid.engine import EngineParams
-    from hybrid.probe_device import FitAttempt, probe_ngl
+    from hybrid.engine.engine import EngineParams
+    from hybrid.engine.fit import FitAttempt, probe_ngl
 
     cfg, ts = model(LLAMA_8B)
     params = EngineParams(32768, 512, 512, "q8_0", "q8_0")

@@ -15,7 +15,7 @@ import gguf_io
 from gguf_io import GGML_TYPES, GGUFFile, GGUFFormatError, HybridError, open_gguf
 from gguf_factory import VT, Tensor, Typed, build_gguf, sample_metadata, write_gguf
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 # Files holding F32, F16, Q8_0, Q4_K, Q5_0, Q5_K, Q6_K tensors between them, and a vocab-only file (0 tensors).
 # gguf-py's reader needs ~1.5 s per 32000-token vocabulary, so the larger vocabularies are left out.
 COMPARED = ["arch/llama-f16.gguf", "arch/qwen2-q4_k_m.gguf", "arch/qwen3moe-q4_k_m.gguf", "vocab/ggml-vocab-llama-spm.gguf"]
@@ -25,7 +25,7 @@ DEMO = Path.home() / ".cache" / "hybrid" / "gemma-3-270m-q4_k_m.gguf"
 def fixture(rel: str) -> Path:
     path = FIXTURES / rel
     if not path.is_file():
-        pytest.skip(f"fixture {rel} not found under {FIXTURES} (../shared/fixtures beside the checkout)")
+        pytest.skip(f"fixture {rel} not found under {FIXTURES} (tests/fixtures is part of the repository)")
     return path
 
 

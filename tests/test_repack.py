@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybrid.engine import Engine, EngineParams
-from hybrid.repack import LAYOUTS, repack_weights
-from hybrid.synth import make_model
+from hybrid.engine.engine import Engine, EngineParams
+from hybrid.backends.repack import LAYOUTS, repack_weights
+from hybrid.tools.synth.model import make_model
 from kernels_cpu import drop_stale_cache, legacy_x8, q4_k_x8, vec_dot_legacy
 from kernels_cpu.matmul import GEMM_MIN_TOKENS, REPACKED, matmul, matmuls
 from test_kernels_cpu_matmul import NMSE_TOL_SAME_ACT, converted_activations, dequantize64, random_weight
@@ -136,7 +136,7 @@ def test_repack_releases_the_file_pages_and_skips_what_it_must(tmp_path):
 
 
 def test_no_repack_when_op_offload_streams_the_weights(tmp_path, monkeypatch):
-    import hybrid.engine as engine_mod
+    import hybrid.engine.engine as engine_mod
 
     class FakeOffload:
         def close(self):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hybrid.sampling import Sampler, SamplingParams, apply_penalties, log_softmax, top_k
+from hybrid.generate.sampling import Sampler, SamplingParams, apply_penalties, log_softmax, top_k
 
 
 def test_greedy_is_argmax():

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from gguf_io import QUANTS, ModelConfig, open_gguf
-from hybrid.synth import make_model, plan_model, planned_size, resolve_shape
-from hybrid.synth_blocks import SUPPORTED_TYPES, random_tensor
-from hybrid.synth_types import use_more_bits
-from hybrid.synth_writer import TensorEntry, layout, write_gguf
+from hybrid.tools.synth.model import make_model, plan_model, planned_size, resolve_shape
+from hybrid.tools.synth.blocks import SUPPORTED_TYPES, random_tensor
+from hybrid.tools.synth.qtypes import use_more_bits
+from gguf_io.writer import TensorEntry, layout, write_gguf
 
 ARCHS = ["llama", "qwen2", "qwen3", "qwen3moe", "gemma3"]
 GiB = 2**30
@@ -150,7 +150,7 @@ def test_vocab_copy_and_padding(tmp_path, fixtures_dir):
 
 
 def test_synthetic_vocab_tokenizes(tmp_path):
-    tok_mod = pytest.importorskip("hybrid.tokenizer")
+    tok_mod = pytest.importorskip("hybrid.text.tokenizer")
     path = tmp_path / "m.gguf"
     make_model(path, "llama", "tiny", n_layer=1)
     with open_gguf(path) as f:

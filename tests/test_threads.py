@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hybrid.devices import physical_core_cpus
+from hybrid.system.devices import physical_core_cpus
 from hybrid.errors import HybridError
-from hybrid.numa import thread_cpus
-from hybrid.threads import (allowed_cpus, cpu_order, default_threads, kernel_cache_stale, mark_kernels_compiled,
+from hybrid.system.numa import thread_cpus
+from hybrid.system.threads import (allowed_cpus, cpu_order, default_threads, kernel_cache_stale, mark_kernels_compiled,
                             parse_cpu_mask, parse_cpu_range, select_cpus)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Pins in a child process: pinning narrows the main thread's mask, which pytest's later subprocesses would inherit.
 PIN = textwrap.dedent("""
     import json, os, sys
-    from hybrid.threads import select_cpus, setup_threads, thread_affinity
+    from hybrid.system.threads import select_cpus, setup_threads, thread_affinity
     s = setup_threads(int(sys.argv[1]), select_cpus(None, sys.argv[2] or None))
     tasks = {t: thread_affinity(int(t)) for t in os.listdir("/proc/self/task")}
     print(json.dumps({"n": s.n_threads, "cpus": s.cpus, "tids": s.tids, "main": s.main_tid, "layer": s.layer,

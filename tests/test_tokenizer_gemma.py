@@ -1,4 +1,4 @@
-"""hybrid.tokenizer on the Gemma 3 270M demo model against llama.cpp (shared/fixtures/gemma-3-270m).
+"""hybrid.tokenizer on the Gemma 3 270M demo model against llama.cpp (tests/fixtures/gemma-3-270m).
 
 tokenize.json: 26 strings -> ids with/without BOS, with/without special-token parsing, pieces and
 detokenized text (llama-server /tokenize and /detokenize); perplexity.json: the token count and hash
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from gguf_io import open_gguf
-from hybrid.tokenizer import Tokenizer
+from hybrid.text.tokenizer import Tokenizer
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "gemma-3-270m"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "gemma-3-270m"
 N_CASES = 26
 
 
@@ -45,7 +45,7 @@ def gemma() -> Tokenizer:
 def fixture(name: str) -> dict:
     path = FIXTURES / name
     if not path.is_file():
-        pytest.skip(f"Gemma fixtures not found at {FIXTURES} (shared/fixtures beside the checkout)")
+        pytest.skip(f"Gemma fixture {name} not found in {FIXTURES} (tests/fixtures is part of the repository)")
     return json.loads(path.read_text(encoding="utf-8"))
 
 

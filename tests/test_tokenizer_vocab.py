@@ -1,4 +1,4 @@
-"""hybrid.tokenizer against llama.cpp's own tokenizer test vectors (shared/fixtures/vocab, test-tokenizer-0).
+"""hybrid.tokenizer against llama.cpp's own tokenizer test vectors (tests/fixtures/vocab, test-tokenizer-0).
 
 Eight vocab-only GGUFs (SPM: llama-spm, phi-3; BPE: llama-bpe, qwen2, gpt-2, deepseek-llm, falcon,
 starcoder), 46 strings each, tokenized with add_special=False, parse_special=False: exact ids required.
@@ -14,10 +14,10 @@ import pytest
 
 from hybrid.errors import TokenizerError
 from gguf_io import open_gguf
-from hybrid.tokenizer import Tokenizer
-from hybrid.tokenizer.detokenize import clean_spaces
+from hybrid.text.tokenizer import Tokenizer
+from hybrid.text.tokenizer.detokenize import clean_spaces
 
-VOCAB_DIR = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "vocab"
+VOCAB_DIR = Path(__file__).resolve().parent / "fixtures" / "vocab"
 VOCABS = ("llama-spm", "phi-3", "llama-bpe", "qwen2", "gpt-2", "deepseek-llm", "falcon", "starcoder")
 SEP = "\n__ggml_vocab_test__\n"
 N_CASES = 46
@@ -33,7 +33,7 @@ def load_metadata(path: Path) -> dict:
 def tokenizer(name: str) -> Tokenizer:
     path = VOCAB_DIR / f"ggml-vocab-{name}.gguf"
     if not path.is_file():
-        pytest.skip(f"tokenizer fixtures not found at {VOCAB_DIR} (shared/fixtures beside the checkout)")
+        pytest.skip(f"tokenizer fixture {path.name} not found in {VOCAB_DIR} (tests/fixtures is in the repository)")
     return Tokenizer.from_metadata(load_metadata(path))
 
 
@@ -199,14 +199,14 @@ def test_round_trip_random_text(name):
 
 def _byte_vocab(pre: str) -> dict:
     """A BPE vocab of the 256 byte-level characters and no merges: every pre-tokenizer must round-trip."""
-    from hybrid.tokenizer.unicode import BYTE_TO_CHAR
+    from hybrid.text.tokenizer.unicode import BYTE_TO_CHAR
 
     return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": list(BYTE_TO_CHAR),
             "tokenizer.ggml.merges": ["\u0120 t"], "tokenizer.ggml.token_type": np.ones(256, np.int32)}
 
 
 def test_every_pre_tokenizer_splits_and_round_trips():
-    from hybrid.tokenizer.pretokenize import PRE_SPECS, split_words
+    from hybrid.text.tokenizer.pretokenize import PRE_SPECS, split_words
 
     text = "Hello, WORLD! It's 12345 caf\u00e9s\u2014\u4e2d\u6587 \u0928\u092e\u0938\u094d\u0924\u0947\n\n\t \U0001f999  end  "
     for pre, spec in PRE_SPECS.items():

@@ -12,14 +12,14 @@ from typing import Annotated, Optional
 
 import typer
 
-from hybrid.bench import BenchResult, run_bench, tests_from
-from hybrid.devices import probe_machine
-from hybrid.engine import EngineParams
-from hybrid.model_info import model_type
+from hybrid.tools.bench import BenchResult, run_bench, tests_from
+from hybrid.system.devices import probe_machine
+from hybrid.engine.engine import EngineParams
+from hybrid.tools.info import model_type
 
-from .common import fmt_bytes, fmt_count
-from .options import CpuMaskOpt, CpuRangeOpt, MlockOpt, NoMmapOpt, NumaOpt
-from .session import load_engine, note, system_params
+from hybrid.cli.common import fmt_bytes, fmt_count
+from hybrid.cli.options import CpuMaskOpt, CpuRangeOpt, MlockOpt, NoMmapOpt, NumaOpt
+from hybrid.cli.session import load_engine, note, system_params
 
 
 def _ints(text: str, flag: str) -> list[int]:

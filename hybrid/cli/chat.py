@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from hybrid.chat import choose_template
-from hybrid.chat_session import ChatSession
-from hybrid.engine import Engine, Timings
-from hybrid.sampling import SamplingParams
-from hybrid.text_stream import TextStream
+from hybrid.text.chat_template import choose_template
+from hybrid.generate.chat import ChatSession
+from hybrid.engine.engine import Engine, Timings
+from hybrid.generate.sampling import SamplingParams
+from hybrid.text.stream import TextStream
 
-from .session import note
+from hybrid.cli.session import note
 
 
 def chat_loop(engine: Engine, sampling: SamplingParams, n_predict: int, template_name: str | None,

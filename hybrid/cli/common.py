@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from gguf_io import GGUFFile, open_gguf
-from hybrid.models import resolve_model
+from hybrid.model.files import resolve_model
 
 ModelArg = Annotated[
     Optional[str],

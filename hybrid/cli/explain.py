@@ -6,12 +6,12 @@ from rich.console import Console
 from rich.table import Table
 
 from gguf_io import ModelConfig
-from hybrid.devices import probe_gpus
-from hybrid.placement import PlacementPlan, plan
-from hybrid.placement_explain import plan_rows
-from hybrid.sizes import format_size, parse_size
+from hybrid.system.devices import probe_gpus
+from hybrid.plan.placement import PlacementPlan, plan
+from hybrid.plan.explain import plan_rows
+from hybrid.system.sizes import format_size, parse_size
 
-from .common import open_model
+from hybrid.cli.common import open_model
 
 
 def explain_plan(model: str | None, ngl: str, n_ctx: int, type_k: str, type_v: str, n_ubatch: int,

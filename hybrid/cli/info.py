@@ -8,10 +8,10 @@ import json
 from rich.console import Console
 from rich.table import Table
 
-from hybrid.devices import MachineInfo, probe_machine
-from hybrid.model_info import ModelSummary, summarize
+from hybrid.system.devices import MachineInfo, probe_machine
+from hybrid.tools.info import ModelSummary, summarize
 
-from .common import JsonOpt, ModelArg, fmt_bytes, fmt_count, open_model
+from hybrid.cli.common import JsonOpt, ModelArg, fmt_bytes, fmt_count, open_model
 
 _CONFIG_FIELDS = (
     "n_vocab", "n_ctx_train", "n_embd", "n_layer", "n_head", "n_head_kv", "n_embd_head_k", "n_ff",

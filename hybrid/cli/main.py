@@ -7,13 +7,13 @@ import sys
 
 import typer
 
-from .errors import one_line
-from .bench import bench
-from .info import info
-from .perplexity import perplexity
-from .probe import probe
-from .run import chat, run as run_cmd
-from .tokenize import tokenize
+from hybrid.cli.errors import one_line
+from hybrid.cli.bench import bench
+from hybrid.cli.info import info
+from hybrid.cli.perplexity import perplexity
+from hybrid.cli.probe import probe
+from hybrid.cli.run import chat, run as run_cmd
+from hybrid.cli.tokenize import tokenize
 
 app = typer.Typer(
     name="hybrid",

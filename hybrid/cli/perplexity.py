@@ -7,13 +7,13 @@ from typing import Annotated
 
 import typer
 
-from hybrid.engine import EngineParams
-from hybrid.perplexity import chunk_tokens, perplexity as run_perplexity
+from hybrid.engine.engine import EngineParams
+from hybrid.tools.perplexity import chunk_tokens, perplexity as run_perplexity
 
-from .common import ModelArg
-from .options import (BatchOpt, CpuMaskOpt, CpuRangeOpt, CtkOpt, CtvOpt, CtxOpt, MlockOpt, NglOpt, NoMmapOpt,
+from hybrid.cli.common import ModelArg
+from hybrid.cli.options import (BatchOpt, CpuMaskOpt, CpuRangeOpt, CtkOpt, CtvOpt, CtxOpt, MlockOpt, NglOpt, NoMmapOpt,
                       NoOpOffloadOpt, NoRepackOpt, NumaOpt, ThreadsOpt, UBatchOpt)
-from .session import load_engine, note, system_params
+from hybrid.cli.session import load_engine, note, system_params
 
 
 def perplexity(

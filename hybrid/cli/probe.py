@@ -14,20 +14,20 @@ from rich.console import Console
 from rich.table import Table
 
 from gguf_io import ModelConfig
-from hybrid.devices import probe_gpus, probe_machine
-from hybrid.engine import Engine, EngineParams
+from hybrid.system.devices import probe_gpus, probe_machine
+from hybrid.engine.engine import Engine, EngineParams
 from hybrid.errors import DeviceUnavailable, HybridError
-from hybrid.kv import check_kv_types
-from hybrid.models import resolve_model
-from hybrid.placement import plan
-from hybrid.probe import DEFAULT_MARGIN_BYTES, kv_type_table
-from hybrid.probe_device import probe_ngl, probe_overhead_bytes, try_fit
-from hybrid.probe_checks import gpu_link_checks, mlock_check, numa_check, thread_sweep, threads_check
-from hybrid.sizes import format_size, parse_size
+from hybrid.kv.cache import check_kv_types
+from hybrid.model.files import resolve_model
+from hybrid.plan.placement import plan
+from hybrid.plan.probe import DEFAULT_MARGIN_BYTES, kv_type_table
+from hybrid.engine.fit import probe_ngl, probe_overhead_bytes, try_fit
+from hybrid.plan.checks import gpu_link_checks, mlock_check, numa_check, thread_sweep, threads_check
+from hybrid.system.sizes import format_size, parse_size
 
-from .common import ModelArg, cache_dir
-from .options import CtkOpt, CtvOpt, CtxOpt, NoOpOffloadOpt, UBatchOpt, VramBudgetOpt
-from .session import note
+from hybrid.cli.common import ModelArg, cache_dir
+from hybrid.cli.options import CtkOpt, CtvOpt, CtxOpt, NoOpOffloadOpt, UBatchOpt, VramBudgetOpt
+from hybrid.cli.session import note
 
 
 def probe(

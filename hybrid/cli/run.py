@@ -10,18 +10,18 @@ from typing import Annotated, Optional
 
 import typer
 
-from hybrid.engine import EngineParams, Timings
-from hybrid.sampling import SamplingParams
-from hybrid.text_stream import TextStream
+from hybrid.engine.engine import EngineParams, Timings
+from hybrid.generate.sampling import SamplingParams
+from hybrid.text.stream import TextStream
 
-from .chat import chat_loop
-from .common import ModelArg
-from .explain import explain_plan, render_plan
-from .options import (BatchOpt, ChatTemplateOpt, CtkOpt, CtvOpt, CtxOpt, FrequencyOpt, MinPOpt, NglOpt, PresenceOpt,
+from hybrid.cli.chat import chat_loop
+from hybrid.cli.common import ModelArg
+from hybrid.cli.explain import explain_plan, render_plan
+from hybrid.cli.options import (BatchOpt, ChatTemplateOpt, CtkOpt, CtvOpt, CtxOpt, FrequencyOpt, MinPOpt, NglOpt, PresenceOpt,
                       RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, UBatchOpt,
                       VramBudgetOpt, NumaOpt, MlockOpt, NoMmapOpt, NoOpOffloadOpt, NoRepackOpt, CpuMaskOpt,
                       CpuRangeOpt)
-from .session import load_engine, note, system_params
+from hybrid.cli.session import load_engine, note, system_params
 
 
 def run(

@@ -10,15 +10,15 @@ from dataclasses import replace
 import typer
 
 from gguf_io import ModelConfig, open_gguf
-from hybrid.devices import probe_gpus
-from hybrid.engine import Engine, EngineParams
+from hybrid.system.devices import probe_gpus
+from hybrid.engine.engine import Engine, EngineParams
 from hybrid.errors import HybridError
-from hybrid.models import default_cache_dir, resolve_model
-from hybrid.numa import check_mode as check_numa_mode
-from hybrid.sizes import parse_size
-from hybrid.threads import kernel_cache_stale, mark_kernels_compiled, select_cpus, setup_threads
+from hybrid.model.files import default_cache_dir, resolve_model
+from hybrid.system.numa import check_mode as check_numa_mode
+from hybrid.system.sizes import parse_size
+from hybrid.system.threads import kernel_cache_stale, mark_kernels_compiled, select_cpus, setup_threads
 
-from .common import cache_dir
+from hybrid.cli.common import cache_dir
 
 
 def note(msg: str) -> None:
@@ -54,8 +54,8 @@ def load_engine(model: str | None, params: EngineParams, ngl: str = "0",
             ngl = "0"
     budget = parse_size(vram_budget) if vram_budget else None
     if ngl == "auto":  # the probe's machinery: prediction, then a measured check, keeping 1 GiB of headroom
-        from hybrid.probe import DEFAULT_MARGIN_BYTES  # noqa: PLC0415
-        from hybrid.probe_device import choose_ngl  # noqa: PLC0415 - CuPy
+        from hybrid.plan.probe import DEFAULT_MARGIN_BYTES  # noqa: PLC0415
+        from hybrid.engine.fit import choose_ngl  # noqa: PLC0415 - CuPy
 
         n_ctx = params.n_ctx
         if not n_ctx:

@@ -7,9 +7,9 @@ from typing import Annotated
 
 import typer
 
-from hybrid.tokenizer import Tokenizer
+from hybrid.text.tokenizer import Tokenizer
 
-from .common import JsonOpt, ModelArg, open_model
+from hybrid.cli.common import JsonOpt, ModelArg, open_model
 
 
 def tokenize(

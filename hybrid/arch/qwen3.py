@@ -1,5 +1,0 @@
-"""qwen3: per-head RMSNorm of q and k before RoPE, head_dim from attention.key_length, no biases."""
-
-from .spec import ArchSpec
-
-SPEC = ArchSpec(name="qwen3", qk_norm=True)

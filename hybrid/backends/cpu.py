@@ -1,0 +1,114 @@
+"""CpuBackend: the backend interface of `hybrid/arch/blocks.py` on Numba kernels over quantized blocks."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gguf_io import quant_spec
+from kernels_cpu import activations, attention, kv_cache, norm, rope
+from kernels_cpu.matmul import matmul, matmuls
+
+from hybrid.backends.cpu_fused import FusedLayers, fusable
+from hybrid.model.weights import Weight
+
+
+class CpuBackend:
+    name = "cpu"
+
+    def __init__(self, fused: bool = True) -> None:
+        # fused: run a decode layer in two compiled calls (cpu_fused); False: every op a call of its own
+        self.fused = fused
+        self._fused = FusedLayers()
+        # cos/sin tables of the batch being evaluated, per (n_rot, base, scale): every layer rotates q and k at
+        # the same positions, so they are computed once per eval step, not twice a layer; a new batch of
+        # positions replaces them
+        self._rope_positions = b""
+        self._rope_tables: dict[tuple, rope.RopeTables] = {}
+
+    def fused_attention(self, spec, cfg, lw: dict[str, Weight], il: int, x: np.ndarray, positions: np.ndarray, kv):
+        """blocks.layer_forward's attention part in one compiled call, bit for bit, where the layer allows it
+        (cpu_fused.fusable); else None."""
+        if not (self.fused and fusable(spec, lw, x.shape[0])):
+            return None
+        return self._fused.attention(spec, cfg, lw, il, x, positions, kv, self._tables)
+
+    def fused_ffn(self, spec, cfg, lw: dict[str, Weight], x: np.ndarray, a: np.ndarray):
+        """The rest of blocks.layer_forward after the attention part a (x + a, the FFN and the residual) in one
+        compiled call, bit for bit, where the layer allows it (cpu_fused.ffn_fusable); else None."""
+        if not self.fused:
+            return None
+        return self._fused.ffn(spec, cfg, lw, x, a)
+
+    def _tables(self, positions: np.ndarray, n_rot: int, base: float, scale: float) -> rope.RopeTables:
+        """cos/sin of positions (int32), computed once per batch of positions and rope parameters."""
+        key_pos = positions.tobytes()
+        if key_pos != self._rope_positions:
+            self._rope_positions, self._rope_tables = key_pos, {}
+        key = (n_rot, base, scale)
+        tables = self._rope_tables.get(key)
+        if tables is None:
+            tables = self._rope_tables[key] = rope.rope_tables(positions, n_rot, base, scale)
+        return tables
+
+    def matmul(self, w: Weight, x: np.ndarray) -> np.ndarray:
+        """x (n, in) f32 -> (n, out) f32, straight from the raw blocks of w."""
+        return matmul(w.raw, w.type_name, np.ascontiguousarray(x, dtype=np.float32))
+
+    def matmuls(self, ws, x: np.ndarray) -> tuple:
+        """Several weights times one x (q/k/v, gate/up) -> one (n, out_i) f32 result per weight."""
+        return tuple(matmuls([(w.raw, w.type_name) for w in ws], np.ascontiguousarray(x, dtype=np.float32)))
+
+    def get_rows(self, w: Weight, ids: np.ndarray) -> np.ndarray:
+        """Embedding lookup: dequantize only the requested rows -> (n, n_embd) f32."""
+        return quant_spec(w.type_name).dequantize(w.raw[np.asarray(ids, dtype=np.int64)])
+
+    def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        return norm.rms_norm(np.ascontiguousarray(x, dtype=np.float32), w, eps)
+
+    def add_rms_norm(self, x: np.ndarray, a: np.ndarray, w: np.ndarray, eps: float) -> tuple[np.ndarray, np.ndarray]:
+        """(x + a, rms_norm(x + a) * w): the residual add and the next norm."""
+        total = x + a
+        return total, self.rms_norm(total, w, eps)
+
+    def rms_norm_heads(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+        return norm.rms_norm_heads(np.ascontiguousarray(x, dtype=np.float32), w, eps)
+
+    def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, scale: float, mode: str) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        positions = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
+        return rope.rope_apply(x, self._tables(positions, n_rot, base, scale), mode, out=x)
+
+    def scale(self, x: np.ndarray, s: float) -> np.ndarray:
+        return x * np.float32(s)
+
+    def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
+        if act == "silu":
+            return activations.swiglu(gate, up)
+        # llama.cpp's CPU GELU goes through an fp16 lookup table; so do we, to track its outputs.
+        return activations.geglu(gate, up, f16_table=True)
+
+    def new_kv_layer(self, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int, type_k: str, type_v: str):
+        return kv_cache.alloc_kv_layer(n_ctx, n_head_kv, hd_k, hd_v, type_k, type_v)
+
+    def kv_store(self, kv, il: int, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
+        kv_cache.kv_store(kv.layers[il], positions, k, v)
+
+    def attention(self, q: np.ndarray, kv, il: int, positions: np.ndarray, scale: float, n_swa: int) -> np.ndarray:
+        return attention.attention(np.ascontiguousarray(q), kv.layers[il], positions, scale, n_swa)
+
+    def take_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """x[rows] as a contiguous (len(rows), n) array; rows is a host int64 array."""
+        return np.ascontiguousarray(x[rows])
+
+    def zeros(self, shape: tuple[int, ...]) -> np.ndarray:
+        return np.zeros(shape, dtype=np.float32)
+
+    def scatter_add(self, out: np.ndarray, rows: np.ndarray, y: np.ndarray, weights: np.ndarray) -> None:
+        """out[rows] += weights[:, None] * y (rows are distinct)."""
+        out[rows] += weights[:, None] * y
+
+    def to_host(self, x):
+        return x
+
+    def from_host(self, x: np.ndarray) -> np.ndarray:
+        return x

@@ -1,0 +1,274 @@
+"""GpuBackend: the backend interface of `hybrid/arch/blocks.py` on CUDA kernels (kernels_gpu) over quantized blocks.
+
+Arrays are cupy float32 on the current device. A layer's weights are copied to the device once with `upload`
+(raw quantized bytes as they are, 1-D weights as float32); `from_host` / `to_host` move activations through
+pinned buffers. `decode_step` runs one token through a run of layers as a CUDA graph (kernels_gpu.graph): the
+position is a device scalar and the KV-cache addresses sit in device slots, so one capture serves every token.
+Imported lazily by the engine: importing this module needs no CuPy, constructing one does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gguf_io import quant_spec
+
+from hybrid.model.weights import Weight
+
+
+class GpuBackend:
+    name = "gpu"
+
+    def __init__(self, device: int = 0) -> None:
+        import cupy  # noqa: PLC0415
+
+        from kernels_gpu.transfer import PinnedStager  # noqa: PLC0415
+
+        self._cupy = cupy
+        self.device = cupy.cuda.Device(device)
+        self.device.use()
+        self._stager = PinnedStager()
+        self._pos_key: bytes | None = None  # positions of the last call, on the device
+        self._pos_dev = None
+        self.use_graphs = True  # decode_step: capture and replay CUDA graphs (False: eager launches, reported)
+        self._graphs = None  # kernels_gpu.graph.GraphRunner, made at the first decode_step
+        self._slots: dict[int, tuple[int, int]] = {}  # during a decode step: layer -> device slots of its k, v
+        self._q8_memo = None  # (x, its quantize_q8_1): the last one-token input quantized for a q8 matvec
+
+    # ---- placement helpers
+    def free_bytes(self) -> int:
+        """Free device memory now (cudaMemGetInfo), plus what CuPy's pool holds unused."""
+        free, _ = self._cupy.cuda.runtime.memGetInfo()
+        return int(free) + int(self._cupy.get_default_memory_pool().free_bytes())
+
+    def limit_memory(self, nbytes: int) -> None:
+        """Cap what CuPy's pool may hold (weights, KV cache, scratch): past it allocations raise OutOfMemoryError."""
+        self._cupy.get_default_memory_pool().set_limit(size=int(nbytes))
+
+    def upload(self, weight: Weight) -> Weight:
+        """A copy of `weight` whose raw data lives on the GPU: quantized/float matrices as their raw bytes
+        (uint8, same shape), 1-D tensors (norms, biases) as float32."""
+        raw = weight.raw
+        if isinstance(raw, self._cupy.ndarray):
+            return weight
+        with self.device:
+            dev = self._stager.to_device(np.asarray(raw))
+        return Weight(weight.name, weight.type_name, weight.shape, dev)
+
+    def alloc_like(self, weight: Weight) -> Weight:
+        """An uninitialized device buffer of `weight`'s uploaded size (what `hybrid probe` allocates instead of
+        uploading the real bytes)."""
+        cp = self._cupy
+        raw = weight.raw
+        dtype = cp.float32 if raw.ndim == 1 else cp.uint8
+        shape = raw.shape if raw.ndim == 1 else raw.shape[:-1] + (raw.shape[-1] * raw.dtype.itemsize,)
+        with self.device:
+            return Weight(weight.name, weight.type_name, weight.shape, cp.empty(shape, dtype=dtype))
+
+    # ---- decode steps as CUDA graphs
+    def decode_step(self, key, kv_layers: dict, fn, x: np.ndarray, position: int) -> np.ndarray:
+        """One decode token through a run of layers on this GPU: fn(x, positions) -> cupy array launches the work
+        (x (1, n_embd) float32 and positions (1,) int32 on the device; layer il's cache is kv_layers[il]).
+
+        x (host) crosses once, with the position and the cache addresses, in one asynchronous copy from pinned
+        memory; the work is captured as a CUDA graph at the second call of a key (shape-relevant: the run of
+        layers, the cache's shape and types) and replayed from then on, for any position and any cache of that
+        shape; eager launches when use_graphs is False or capture is impossible (graph_report() says why).
+        Returns fn's result on the host."""
+        from kernels_gpu.graph import GraphRunner  # noqa: PLC0415
+
+        ils = sorted(kv_layers)
+        sig = tuple((il, kv_layers[il].k.shape, kv_layers[il].v.shape, kv_layers[il].type_k, kv_layers[il].type_v)
+                    for il in ils)
+        ptrs = [p for il in ils for p in (kv_layers[il].k.data.ptr, kv_layers[il].v.data.ptr)]
+
+        def step(xd, pos, slots):
+            base = slots.data.ptr
+            self._slots = {il: (base + 16 * j, base + 16 * j + 8) for j, il in enumerate(ils)}
+            try:
+                return fn(xd, pos)
+            finally:
+                self._slots = {}
+
+        with self.device:
+            if self._graphs is None:
+                self._graphs = GraphRunner()
+            self._graphs.enabled = self.use_graphs
+            return self._graphs.run((key, sig), step, x, position, ptrs)
+
+    def graph_report(self) -> str:
+        """How decode steps ran: CUDA graphs captured and replayed, or eager launches and why."""
+        return self._graphs.report() if self._graphs is not None else "no decode steps yet"
+
+    @property
+    def graph_fallback(self) -> bool:
+        """True when some decode step had to run eagerly (capture impossible, or graphs turned off)."""
+        return self._graphs is not None and self._graphs.fallback
+
+    def _no_capture(self, what: str) -> None:
+        if self._graphs is not None and self._graphs.capturing:
+            from kernels_gpu.graph import CaptureUnsupported  # noqa: PLC0415
+
+            raise CaptureUnsupported(f"not capturable: {what}")
+
+    def _positions(self, positions: np.ndarray):
+        """positions (n,) -> cupy int32, re-used while the same positions come back (4 ops per layer use them)."""
+        if isinstance(positions, self._cupy.ndarray):
+            return self._cupy.ascontiguousarray(positions, dtype=self._cupy.int32)
+        self._no_capture("positions from the host")
+        p = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
+        key = p.tobytes()
+        if key != self._pos_key:
+            self._pos_dev = self._cupy.asarray(p)
+            self._pos_key = key
+        return self._pos_dev
+
+    def _dev(self, x):
+        cp = self._cupy
+        if isinstance(x, cp.ndarray):
+            return cp.ascontiguousarray(x, dtype=cp.float32)
+        return self.from_host(np.ascontiguousarray(x, dtype=np.float32))
+
+    # ---- the backend interface
+    def matmul(self, w: Weight, x):
+        """x (n, in) f32 -> (n, out) f32, straight from the raw blocks of w (uploaded)."""
+        from kernels_gpu.matmul import matmul, quantize_q8_1, uses_q8  # noqa: PLC0415
+
+        if not isinstance(w.raw, self._cupy.ndarray):
+            raise ValueError(f"weight {w.name} is not on the GPU: GpuBackend.upload it first")
+        xd = self._dev(x)
+        if xd.ndim != 2 or not uses_q8(w.type_name, xd.shape[0]):
+            return matmul(w.raw, w.type_name, xd)
+        # one token on 8-bit activations: x is quantized once for every weight it meets in a row (q, k, v; gate,
+        # up), as the blocks call matmul on the same array; the memo holds x itself, so its memory is not reused
+        memo = self._q8_memo
+        if memo is None or memo[0] is not x:
+            memo = self._q8_memo = (x, quantize_q8_1(xd))
+        return matmul(w.raw, w.type_name, xd, q8_act=memo[1])
+
+    def matmuls(self, ws, x) -> tuple:
+        """Several weights times one x (q/k/v, gate/up) -> one (n, out_i) f32 result per weight, with fewer launches
+        (kernels_gpu.matmul.matmul_many): one token, one q8 launch over all rows of a type; prefill, one fp16 x and
+        one stacked GEMM (up to GEMM_STACK_ELEMENTS)."""
+        from kernels_gpu.matmul import matmul_many, quantize_q8_1, uses_q8  # noqa: PLC0415
+
+        for w in ws:
+            if not isinstance(w.raw, self._cupy.ndarray):
+                raise ValueError(f"weight {w.name} is not on the GPU: GpuBackend.upload it first")
+        xd = self._dev(x)
+        q8_act = None
+        if xd.ndim == 2 and any(uses_q8(w.type_name, xd.shape[0]) for w in ws):
+            memo = self._q8_memo  # as matmul: x quantized once, also for a later matmul of the same x
+            if memo is None or memo[0] is not x:
+                memo = self._q8_memo = (x, quantize_q8_1(xd))
+            q8_act = memo[1]
+        return matmul_many([w.raw for w in ws], [w.type_name for w in ws], xd, q8_act=q8_act)
+
+    def get_rows(self, w: Weight, ids):
+        """Embedding lookup: dequantize only the requested rows -> (n, n_embd) f32 (on the GPU when w is)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if not isinstance(w.raw, self._cupy.ndarray):
+            return quant_spec(w.type_name).dequantize(w.raw[ids])
+        from kernels_gpu.matmul import dequantize  # noqa: PLC0415
+
+        return dequantize(w.raw, w.type_name, rows=self._cupy.asarray(ids.astype(np.int32)))
+
+    def rms_norm(self, x, w, eps: float):
+        from kernels_gpu import ops  # noqa: PLC0415
+
+        return ops.rms_norm(self._dev(x), w, eps)
+
+    def add_rms_norm(self, x, a, w, eps: float):
+        """(x + a, rms_norm(x + a) * w): the residual add and the next norm, one kernel."""
+        from kernels_gpu import ops  # noqa: PLC0415
+
+        return ops.add_rms_norm(self._dev(x), self._dev(a), w, eps)
+
+    def rms_norm_heads(self, x, w, eps: float):
+        from kernels_gpu import ops  # noqa: PLC0415
+
+        return ops.rms_norm_heads(self._dev(x), w, eps)
+
+    def rope(self, x, positions, n_rot: int, base: float, scale: float, mode: str):
+        from kernels_gpu import ops  # noqa: PLC0415
+
+        return ops.rope(self._dev(x), self._positions(positions), n_rot, base, scale, mode)
+
+    def scale(self, x, s: float):
+        from kernels_gpu import ops  # noqa: PLC0415
+
+        return ops.scale(self._dev(x), s)
+
+    def glu(self, gate, up, act: str):
+        from kernels_gpu import ops  # noqa: PLC0415
+
+        return ops.glu(self._dev(gate), self._dev(up), act)
+
+    def new_kv_layer(self, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int, type_k: str, type_v: str):
+        from kernels_gpu.kv_cache import alloc_kv_layer  # noqa: PLC0415
+
+        with self.device:
+            return alloc_kv_layer(n_ctx, n_head_kv, hd_k, hd_v, type_k, type_v)
+
+    def kv_store(self, kv, il: int, k, v, positions) -> None:
+        from kernels_gpu.kv_cache import kv_store  # noqa: PLC0415
+
+        layer = kv.layers[il]
+        if isinstance(positions, self._cupy.ndarray):  # a decode step: the engine checked the position
+            kv_store(layer, positions, self._dev(k), self._dev(v), self._slots.get(il))
+            return
+        p = np.asarray(positions)
+        if p.size and (int(p.min()) < 0 or int(p.max()) >= layer.n_ctx):
+            raise ValueError(f"kv_store: positions must lie in [0, {layer.n_ctx}), found [{p.min()}, {p.max()}]")
+        kv_store(layer, self._positions(positions), self._dev(k), self._dev(v))
+
+    def attention(self, q, kv, il: int, positions, scale: float, n_swa: int):
+        from kernels_gpu.attention import attention  # noqa: PLC0415
+
+        layer = kv.layers[il]
+        if isinstance(positions, self._cupy.ndarray):
+            # a decode step: the grid follows the cache size, the kernel reads the keys in use from the positions
+            return attention(self._dev(q), layer, positions, layer.n_ctx, scale, n_swa, dynamic=True,
+                             slots=self._slots.get(il))
+        p = np.asarray(positions)
+        if p.size and int(p.min()) < 0:
+            raise ValueError(f"attention: positions must be >= 0, found {p.min()}")
+        n_kv = int(p.max()) + 1 if p.size else 0
+        return attention(self._dev(q), layer, self._positions(positions), n_kv, scale, n_swa)
+
+    def take_rows(self, x, rows: np.ndarray):
+        """x[rows] as a contiguous (len(rows), n) cupy array; rows is a host int64 array."""
+        self._no_capture("rows chosen on the host")
+        return self._cupy.ascontiguousarray(x[self._cupy.asarray(rows)])
+
+    def zeros(self, shape: tuple[int, ...]):
+        return self._cupy.zeros(shape, dtype=self._cupy.float32)
+
+    def scatter_add(self, out, rows: np.ndarray, y, weights: np.ndarray) -> None:
+        """out[rows] += weights[:, None] * y (rows are distinct)."""
+        self._no_capture("rows chosen on the host")
+        cp = self._cupy
+        out[cp.asarray(rows)] += cp.asarray(weights, dtype=cp.float32)[:, None] * y
+
+    def to_host(self, x) -> np.ndarray:
+        """cupy -> numpy (a numpy array passes through)."""
+        if isinstance(x, np.ndarray):
+            return x
+        self._no_capture("a device -> host copy inside the step (e.g. MoE routing on the host)")
+        return self._stager.to_host(x)
+
+    def from_host(self, x):
+        """numpy -> cupy through a pinned buffer (a cupy array passes through)."""
+        if isinstance(x, self._cupy.ndarray):
+            return x
+        self._no_capture("a host -> device copy inside the step")
+        return self._stager.to_device(np.asarray(x))
+
+    def fused_attention(self, spec, cfg, lw, il: int, x, positions: np.ndarray, kv) -> None:
+        """No fused attention on the GPU: blocks.layer_forward runs the ops one by one (they are launched, not called
+        from Python one by one, once the decode step is a captured graph)."""
+        return None
+
+    def fused_ffn(self, spec, cfg, lw, x, a) -> None:
+        """No fused FFN here either."""
+        return None

@@ -1,0 +1,124 @@
+"""OffloadBackend: a CPU-resident layer run on the GPU for one big batch (op offload, hybrid/offload.py).
+
+Every op is the GpuBackend's; the matrices are not on the GPU, so matmul multiplies pieces streamed from host
+memory (the same kernels_gpu.matmul as a GPU-resident weight). The layer's KV cache stays in host memory: the
+new K/V rows are stored there by the CPU (as a CPU layer stores them), and attention uploads the cells in use
+to a transient GPU cache of the same layout for the GPU's attention kernel.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from hybrid.model.weights import Weight
+
+
+class OffloadBackend:
+    name = "gpu-offload"
+
+    def __init__(self, gpu, cpu, weights) -> None:
+        """gpu: GpuBackend; cpu: CpuBackend (the KV cache); weights: an OpOffload (pieces(w), piece(w, r0, r1))."""
+        self.gpu, self.cpu, self._weights = gpu, cpu, weights
+
+    def _dev(self, x):
+        import cupy  # noqa: PLC0415
+
+        return cupy.ascontiguousarray(self.gpu.from_host(x), dtype=cupy.float32)
+
+    def matmul(self, w: Weight, x):
+        """x (n, in) f32 -> (n, out) f32 on the GPU; w's rows stream from host memory piece by piece."""
+        import cupy as cp  # noqa: PLC0415
+
+        from kernels_gpu.matmul import matmul  # noqa: PLC0415
+
+        if isinstance(w.raw, cp.ndarray):
+            return self.gpu.matmul(w, x)
+        x = self._dev(x)
+        ranges = self._weights.pieces(w)
+        if len(ranges) == 1:
+            with self._weights.piece(w, *ranges[0]) as dev:
+                return matmul(dev, w.type_name, x)
+        y = cp.empty(x.shape[:-1] + (w.raw.shape[0],), dtype=cp.float32)
+        for r0, r1 in ranges:
+            with self._weights.piece(w, r0, r1) as dev:
+                y[..., r0:r1] = matmul(dev, w.type_name, x)
+        return y
+
+    def matmuls(self, ws, x) -> tuple:
+        """Several weights times one x (q/k/v, gate/up): each streams on its own, as matmul."""
+        return tuple(self.matmul(w, x) for w in ws)
+
+    def kv_store(self, kv, il: int, k, v, positions) -> None:
+        """The new rows go to the layer's cache in host memory, quantized by the CPU as a CPU layer's are."""
+        self.cpu.kv_store(kv, il, self.gpu.to_host(k), self.gpu.to_host(v), positions)
+
+    def attention(self, q, kv, il: int, positions, scale: float, n_swa: int):
+        """Attention over the host cache: cells [0, max(positions)] uploaded as they are (same ggml rows)."""
+        layer = kv.layers[il]
+        p = np.asarray(positions)
+        if not self._gpu_attention(layer):  # head sizes the GPU kernel lacks: the CPU's attention
+            o = self.cpu.attention(self.gpu.to_host(q), kv, il, positions, scale, n_swa)
+            return self.gpu.from_host(o)
+        from kernels_gpu.kv_cache import GpuKVCacheLayer  # noqa: PLC0415
+
+        n_kv = int(p.max()) + 1 if p.size else 0
+        dev = GpuKVCacheLayer(layer.type_k, layer.type_v, layer.head_dim_k, layer.head_dim_v,
+                              self.gpu.from_host(layer.k[:n_kv]), self.gpu.from_host(layer.v[:n_kv]))
+        return self.gpu.attention(q, SimpleNamespace(layers={il: dev}), il, positions, scale, n_swa)
+
+    @staticmethod
+    def _gpu_attention(layer) -> bool:
+        from kernels_gpu.attention import ATT_E  # noqa: PLC0415
+
+        d = layer.head_dim_k
+        return d == layer.head_dim_v and d % 32 == 0 and d // 32 in ATT_E
+
+    def new_kv_layer(self, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int, type_k: str, type_v: str):
+        return self.cpu.new_kv_layer(n_ctx, n_head_kv, hd_k, hd_v, type_k, type_v)
+
+    # ---- the rest is the GPU's
+    def get_rows(self, w: Weight, ids):
+        return self.gpu.get_rows(w, ids)
+
+    def rms_norm(self, x, w, eps: float):
+        return self.gpu.rms_norm(x, w, eps)
+
+    def add_rms_norm(self, x, a, w, eps: float):
+        return self.gpu.add_rms_norm(x, a, w, eps)
+
+    def rms_norm_heads(self, x, w, eps: float):
+        return self.gpu.rms_norm_heads(x, w, eps)
+
+    def rope(self, x, positions, n_rot: int, base: float, scale: float, mode: str):
+        return self.gpu.rope(x, positions, n_rot, base, scale, mode)
+
+    def scale(self, x, s: float):
+        return self.gpu.scale(x, s)
+
+    def glu(self, gate, up, act: str):
+        return self.gpu.glu(gate, up, act)
+
+    def take_rows(self, x, rows: np.ndarray):
+        return self.gpu.take_rows(x, rows)
+
+    def zeros(self, shape: tuple[int, ...]):
+        return self.gpu.zeros(shape)
+
+    def scatter_add(self, out, rows: np.ndarray, y, weights: np.ndarray) -> None:
+        self.gpu.scatter_add(out, rows, y, weights)
+
+    def to_host(self, x) -> np.ndarray:
+        return self.gpu.to_host(x)
+
+    def from_host(self, x):
+        return self.gpu.from_host(x)
+
+    def fused_attention(self, spec, cfg, lw, il: int, x, positions: np.ndarray, kv) -> None:
+        """No fused attention here: blocks.layer_forward runs the ops one by one."""
+        return None
+
+    def fused_ffn(self, spec, cfg, lw, x, a) -> None:
+        """No fused FFN here either."""
+        return None

@@ -1,0 +1,216 @@
+"""Op offload (llama.cpp's default; --no-op-offload turns it off): a micro-batch of >= OP_OFFLOAD_MIN_BATCH
+tokens runs the CPU-resident layers on the GPU, their weights streamed from host memory for the batch.
+
+Only the KV cache of those layers stays where it is, in host memory (hybrid/backend_offload.py). The matrices
+go through a WeightStream (kernels_gpu.transfer): a ring of STREAM_SLOTS device slots filled ahead of their use
+from pinned chunks, in the order the layers use them (`stream_order`); a matrix larger than a slot streams in
+row pieces. Here: the decision, that order, the sizes (what the plan must reserve), and OpOffload, which swaps
+the CPU layers of a batch for the offload backend and hands out the streamed pieces.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+import numpy as np
+
+from gguf_io import ModelConfig
+
+from hybrid.backends.cpu import CpuBackend
+from hybrid.backends.offload import OffloadBackend
+from hybrid.errors import PlacementError
+from hybrid.plan.placement import GPU_OVERHEAD_BYTES, kv_bytes_per_cell, scratch_bytes
+from hybrid.system.sizes import MiB, format_size
+from hybrid.model.weights import Weight
+
+OP_OFFLOAD_MIN_BATCH = 32  # llama.cpp: ggml-cuda's offload_op takes ops of >= 32 tokens (min_batch_size)
+STREAM_SLOTS = 3  # device slots: one read by the kernels, one being filled, one spare for the copy to run ahead
+STREAM_PIECE_MAX_BYTES = 64 * MiB  # a slot's size at most; larger matrices (an output layer) stream in row pieces
+# The order the shared blocks (hybrid/arch/blocks.py) multiply a layer's matrices; others follow in dict order.
+MATRIX_ORDER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate", "ffn_up", "ffn_down",
+                "output")
+
+
+def wants_offload(n_tokens: int, min_batch: int = OP_OFFLOAD_MIN_BATCH) -> bool:
+    """True when a batch of n_tokens is worth moving the CPU layers' weights over PCIe (llama.cpp's rule)."""
+    return n_tokens >= min_batch
+
+
+def row_pieces(n_rows: int, row_bytes: int, max_bytes: int = STREAM_PIECE_MAX_BYTES) -> list[tuple[int, int]]:
+    """Row ranges [r0, r1) of a matrix, each of at most max_bytes (at least one row)."""
+    rows = max(1, max_bytes // max(1, row_bytes))
+    return [(r, min(n_rows, r + rows)) for r in range(0, n_rows, rows)]
+
+
+def stream_order(lw: Mapping[str, Weight]) -> list[str]:
+    """The keys of lw's 2-D matrices in the order the blocks use them. 3-D expert tensors are left out: which
+    experts a batch needs is known only after routing (they are uploaded when asked for)."""
+    mats = [k for k, w in lw.items() if w.raw.ndim == 2]
+    return [k for k in MATRIX_ORDER if k in mats] + [k for k in mats if k not in MATRIX_ORDER]
+
+
+def slot_bytes(tensors: Mapping, max_piece: int = STREAM_PIECE_MAX_BYTES) -> int:
+    """One slot: the largest streamed piece of any 2-D tensor in `tensors` (objects with .shape and .nbytes)."""
+    best = 0
+    for t in tensors.values():
+        if len(t.shape) == 2 and t.shape[0] > 0:
+            row = t.nbytes // t.shape[0]
+            r0, r1 = row_pieces(t.shape[0], row, max_piece)[0]
+            best = max(best, (r1 - r0) * row)
+    return best
+
+
+def op_offload_bytes(config: ModelConfig, tensors: Mapping, n_ctx: int, n_ubatch: int, type_k: str = "f16",
+                     type_v: str = "f16", flash_attn: bool = True, n_gpu_layers: int = 2) -> int:
+    """VRAM op offload needs beyond the plan of -ngl n_gpu_layers: STREAM_SLOTS slots, one layer's KV cache
+    uploaded for attention, the 1-D weights (norms, biases; uploaded once), one MoE expert matrix (uploaded when
+    asked for), and the compute buffers of a layer and the output layer on the GPU where that plan lacks them:
+    all of them and the fixed overhead at -ngl 0 (nothing is on the GPU), a layer's at -ngl 1 (the output only)."""
+    vectors = sum(t.nbytes for t in tensors.values() if len(t.shape) == 1)
+    expert = max((t.nbytes // t.shape[0] for t in tensors.values() if len(t.shape) == 3 and t.shape[0]), default=0)
+    need = STREAM_SLOTS * slot_bytes(tensors) + n_ctx * kv_bytes_per_cell(config, type_k, type_v) + vectors + expert
+    ngl = max(0, min(2, n_gpu_layers))
+    need += (scratch_bytes(config, n_ctx, n_ubatch, flash_attn, 2).total
+             - scratch_bytes(config, n_ctx, n_ubatch, flash_attn, ngl).total)
+    return need + (GPU_OVERHEAD_BYTES if ngl == 0 else 0)
+
+
+def gpu_overhead_bytes(config: ModelConfig, tensors: Mapping, n_ctx: int, n_ubatch: int, type_k: str, type_v: str,
+                       flash_attn: bool, op_offload: bool, n_gpu_layers: int | str) -> int:
+    """The plan's overhead_bytes for -ngl n_gpu_layers (an int, "auto" or "all"): GPU_OVERHEAD_BYTES, plus op
+    offload's buffers when it is on and layers stay on the CPU ("auto" counts as a split). One function for the
+    engine's plan, the probe's prediction and the memory its measurements keep outside the pool, so that a
+    measured ceiling is a plan `hybrid run` accepts."""
+    if not op_offload or n_gpu_layers == "all" or (isinstance(n_gpu_layers, int) and n_gpu_layers > config.n_layer):
+        return GPU_OVERHEAD_BYTES
+    ngl = 2 if n_gpu_layers == "auto" else int(n_gpu_layers)
+    return GPU_OVERHEAD_BYTES + op_offload_bytes(config, tensors, n_ctx, n_ubatch, type_k, type_v, flash_attn, ngl)
+
+
+class OpOffload:
+    """Runs big batches of CPU-resident layers on `gpu` (a GpuBackend) on weights streamed by `stream`
+    (a kernels_gpu.transfer.WeightStream); `backend` is the layers' backend for such a batch."""
+
+    def __init__(self, gpu, cpu: CpuBackend, stream, min_batch: int = OP_OFFLOAD_MIN_BATCH,
+                 max_piece: int | None = None) -> None:
+        self.gpu, self.cpu, self.stream = gpu, cpu, stream
+        self.min_batch = min_batch
+        self.max_piece = int(max_piece if max_piece is not None else stream.slot_bytes)
+        self.backend = OffloadBackend(gpu, cpu, self)
+        self._vectors: dict[str, Weight] = {}  # 1-D weights (norms, biases) of CPU layers, uploaded once
+        self._pending: deque[tuple[str, int, int]] = deque()  # (name, r0, r1) streaming in this batch, in order
+        self.batches = 0  # batches run so far (a count for tests and reports)
+        self.streamed_bytes = 0  # weight bytes streamed so far
+        self.register_note: str | None = None  # None: not tried yet; "": registered; else why not (staged copies)
+
+    def describe(self) -> str:
+        """Batches run, bytes streamed, and how: DMA straight from page-locked host memory, or staged copies."""
+        how = {None: "", "": ", direct from page-locked host memory"}.get(
+            self.register_note, f", staged through pinned buffers ({self.register_note})")
+        return f"{self.batches} batches, {self.streamed_bytes / 2**30:.2f} GiB streamed{how}"
+
+    def wants(self, n_tokens: int) -> bool:
+        return wants_offload(n_tokens, self.min_batch)
+
+    def pieces(self, w: Weight) -> list[tuple[int, int]]:
+        return row_pieces(w.raw.shape[0], w.raw.shape[1] * w.raw.itemsize, self.max_piece)
+
+    @contextmanager
+    def batch(self, backends: list, layers: list[dict[str, Weight]]) -> Iterator[tuple[list, list]]:
+        """Within: (backends, layers) where each CPU entry is swapped for the offload backend and its weights
+        (1-D ones on the GPU); their matrices stream in stream_order from the start."""
+        backends, layers = list(backends), list(layers)
+        sources = []
+        pending: deque[tuple[str, int, int]] = deque()
+        for i, be in enumerate(backends):
+            if not isinstance(be, CpuBackend):
+                continue
+            lw = {k: self._vector(w) if w.raw.ndim == 1 else w for k, w in layers[i].items()}
+            backends[i], layers[i] = self.backend, lw
+            for k in stream_order(lw):
+                raw = lw[k].raw
+                for r0, r1 in self.pieces(lw[k]):
+                    pending.append((lw[k].name, r0, r1))
+                    sources.append(raw[r0:r1].reshape(-1).view(np.uint8))
+        self._pending = pending
+        if sources and self.register_note is None:  # once: page-lock the CPU layers' weights for direct DMA
+            self.register_note = self.stream.register(sources)
+        self.stream.start(sources)
+        if sources:
+            self.batches += 1
+            self.streamed_bytes += sum(s.nbytes for s in sources)
+        try:
+            yield backends, layers
+        finally:
+            self.stream.stop()
+            self._pending = deque()
+
+    @contextmanager
+    def piece(self, w: Weight, r0: int, r1: int):
+        """Rows [r0, r1) of host matrix w on the GPU as cupy uint8 (r1 - r0, row_bytes), valid within: from the
+        stream when it is streaming in this batch (pieces streamed ahead of it but not asked for are skipped),
+        else uploaded now through the pinned stager."""
+        key = (w.name, r0, r1)
+        row_bytes = w.raw.shape[1] * w.raw.itemsize
+        if key not in self._pending:  # not in the batch's order (an MoE expert, a matrix used twice)
+            yield self.gpu.upload(Weight(w.name, w.type_name, w.shape, w.raw[r0:r1])).raw
+            return
+        while True:
+            k = self._pending.popleft()
+            slot = self.stream.take()
+            if k == key:
+                break
+            self.stream.release(slot)
+        try:
+            yield self.stream.view(slot, (r1 - r0) * row_bytes).reshape(r1 - r0, row_bytes)
+        finally:
+            self.stream.release(slot)
+
+    def _vector(self, w: Weight) -> Weight:
+        if w.name not in self._vectors:
+            self._vectors[w.name] = self.gpu.upload(w)
+        return self._vectors[w.name]
+
+    def close(self) -> None:
+        self.stream.close()
+        self._vectors = {}
+
+
+def make_op_offload(backends: list, output_backend, config: ModelConfig, tensors: Mapping, n_ctx: int,
+                    n_ubatch: int, type_k: str, type_v: str, flash_attn: bool, vram_budget: int | None,
+                    progress: Callable[[str], None] | None = None) -> OpOffload | None:
+    """An OpOffload for an engine with CPU layers, on its GPU backend, or (-ngl 0) on a new one when a GPU is
+    usable, under vram_budget (None: the free memory); None when every layer is on the GPU or there is no GPU.
+    Raises PlacementError when -ngl 0's budget cannot hold the offload buffers."""
+    from hybrid.system.devices import probe_gpus  # noqa: PLC0415
+
+    everything = [*backends, output_backend]
+    if not any(isinstance(b, CpuBackend) for b in everything):
+        return None
+    cpu = next(b for b in everything if isinstance(b, CpuBackend))
+    gpu = next((b for b in everything if not isinstance(b, CpuBackend)), None)
+    if gpu is None:  # -ngl 0: the GPU serves the big batches only
+        gpus, why = probe_gpus()
+        if not gpus:
+            if progress:
+                progress(f"op offload: off, no usable GPU ({why})")
+            return None
+        from hybrid.backends.gpu import GpuBackend  # noqa: PLC0415 - CuPy is optional
+
+        gpu = GpuBackend()
+        budget = vram_budget if vram_budget is not None else gpu.free_bytes()
+        need = op_offload_bytes(config, tensors, n_ctx, n_ubatch, type_k, type_v, flash_attn, n_gpu_layers=0)
+        if need > budget:
+            raise PlacementError(f"op offload needs {format_size(need)} of VRAM for its buffers, the budget is "
+                                 f"{format_size(budget)}; raise --vram-budget or pass --no-op-offload")
+        gpu.limit_memory(budget)
+    from kernels_gpu.transfer import WeightStream  # noqa: PLC0415
+
+    with gpu.device:
+        stream = WeightStream(slot_bytes(tensors), STREAM_SLOTS)
+    if progress:
+        progress(f"op offload: batches of >= {OP_OFFLOAD_MIN_BATCH} tokens run the CPU layers on the GPU, weights "
+                 f"streamed through {STREAM_SLOTS} x {format_size(stream.slot_bytes)} of VRAM")
+    return OpOffload(gpu, cpu, stream)

@@ -1,0 +1,46 @@
+"""A multi-turn conversation that keeps the KV cache between turns: each turn re-renders the whole
+conversation with the chat template, and only the tokens after the longest cached prefix are evaluated."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from hybrid.text.chat_template import ChatTemplate, choose_template
+from hybrid.engine.engine import Engine, Timings
+from hybrid.generate.sampling import SamplingParams
+
+
+class ChatSession:
+    def __init__(self, engine: Engine, sampling: SamplingParams, template: ChatTemplate | None = None,
+                 system: str | None = None):
+        self.engine = engine
+        self.sampling = sampling
+        self.template = template or choose_template(engine.gguf.metadata, engine.config.arch)
+        self.messages: list[dict] = [{"role": "system", "content": system}] if system else []
+        self.cache = engine.new_cache()
+        self.cached_ids: list[int] = []  # the tokens whose K/V the cache holds, in order
+        self.last_reused = 0  # how many prompt tokens the last turn took from the cache
+
+    def send(self, user_text: str, n_predict: int = -1, timings: Timings | None = None) -> Iterator[int]:
+        """Add a user turn and stream the reply's token ids; the reply is recorded when the stream ends."""
+        self.messages.append({"role": "user", "content": user_text})
+        tok = self.engine.tokenizer
+        text = self.template.render(self.messages, add_generation_prompt=True,
+                                    bos_token=tok.piece(tok.bos_id) if tok.bos_id is not None else "")
+        ids = tok.encode(text, add_special=True, parse_special=True)
+        common = 0
+        for a, b in zip(ids, self.cached_ids):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)  # at least one token must be evaluated to get logits
+        self.cache.n_past = common
+        self.last_reused = common
+        reply: list[int] = []
+        try:
+            for t in self.engine.generate(ids[common:], self.sampling, n_predict, self.cache, timings):
+                reply.append(t)
+                yield t
+        finally:
+            self.cached_ids = (ids + reply)[: self.cache.n_past]
+            self.messages.append({"role": "assistant", "content": tok.decode(reply)})

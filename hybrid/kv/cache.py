@@ -1,0 +1,44 @@
+"""The KV cache of one conversation: one storage per layer, made by the backend that runs that layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gguf_io import ModelConfig
+
+from hybrid.errors import HybridError
+
+KV_TYPES = ("f16", "q8_0", "q4_0", "f32")
+
+
+def check_kv_types(*names: str) -> None:
+    """HybridError (one line for the user) unless every name is a KV cache type the engine stores."""
+    for t in names:
+        if t not in KV_TYPES:
+            raise HybridError(f"unknown KV cache type '{t}': choose one of {', '.join(KV_TYPES)}")
+
+
+@dataclass
+class KVCache:
+    n_ctx: int
+    type_k: str
+    type_v: str
+    layers: list = field(default_factory=list)
+    n_past: int = 0  # positions [0, n_past) hold valid entries
+
+    @classmethod
+    def create(cls, config: ModelConfig, backends: list, n_ctx: int, type_k: str = "f16",
+               type_v: str = "f16") -> "KVCache":
+        """backends[il] allocates layer il's storage (CPU numpy or GPU memory)."""
+        layers = [
+            be.new_kv_layer(n_ctx, config.n_head_kv, config.n_embd_head_k, config.n_embd_head_v, type_k, type_v)
+            for be in backends
+        ]
+        return cls(n_ctx, type_k, type_v, layers)
+
+    def clear(self) -> None:
+        self.n_past = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(layer.nbytes) for layer in self.layers)

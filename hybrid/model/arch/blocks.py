@@ -1,0 +1,106 @@
+"""Shared blocks (norm, attention, FFN, MoE FFN) written once against the backend interface.
+
+A backend provides: matmul(Weight, x), matmuls(weights, x) (several weights times one x: q/k/v, gate/up; a backend
+may run them as one pass), get_rows(Weight, ids), rms_norm(x, w, eps), add_rms_norm(x, a, w, eps) (x + a
+and its norm, one pass where the backend can), rms_norm_heads(x, w, eps),
+rope(x, positions, n_rot, base, scale, mode), kv_store(kv, il, k, v, positions),
+attention(q, kv, il, positions, scale, n_swa), glu(gate, up, act), scale(x, s), take_rows(x, rows), zeros(shape),
+scatter_add(out, rows, y, weights), to_host(x), from_host(x), and fused_attention(spec, cfg, lw, il, x, positions,
+kv): layer_forward's attention part (from its norm to the post-attention norm: what is added to x) and
+fused_ffn(spec, cfg, lw, x, a): the rest (x + a, the FFN, the residual), each in the backend's own fused form, equal
+to the ops bit for bit, or None where the backend has none for this layer (then the ops above run one by one).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gguf_io import ModelConfig
+
+from hybrid.model.weights import Weight
+from hybrid.model.arch.spec import ArchSpec
+
+
+def layer_forward(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], il: int,
+                  x: np.ndarray, positions: np.ndarray, kv) -> np.ndarray:
+    """One transformer block: x (n_tok, n_embd) float32 -> (n_tok, n_embd)."""
+    eps = cfg.f_norm_rms_eps
+    a = be.fused_attention(spec, cfg, lw, il, x, positions, kv)
+    if a is None:
+        h = be.rms_norm(x, lw["attn_norm"].raw, eps)
+        a = attention_block(be, spec, cfg, lw, il, h, positions, kv)
+        if spec.sandwich_norm:
+            a = be.rms_norm(a, lw["post_attention_norm"].raw, eps)
+    out = be.fused_ffn(spec, cfg, lw, x, a)
+    if out is not None:
+        return out
+    x, h = be.add_rms_norm(x, a, lw["ffn_norm"].raw, eps)  # x + a, and its norm
+    f = moe_ffn(be, spec, cfg, lw, h) if spec.moe else ffn(be, spec, lw, h)
+    if spec.sandwich_norm:
+        f = be.rms_norm(f, lw["post_ffw_norm"].raw, eps)
+    return x + f
+
+
+def rope_params(cfg: ModelConfig, il: int) -> tuple[float, float, int]:
+    """(freq_base, freq_scale, n_swa) of layer il: sliding-window layers have their own base and scale 1."""
+    if cfg.n_swa and cfg.swa_layers[il]:
+        return cfg.rope_freq_base_swa, 1.0, cfg.n_swa
+    return cfg.rope_freq_base, cfg.rope_freq_scale, 0
+
+
+def attention_block(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], il: int,
+                    h: np.ndarray, positions: np.ndarray, kv) -> np.ndarray:
+    n = h.shape[0]
+    hd_k, hd_v = cfg.n_embd_head_k, cfg.n_embd_head_v
+    # (n, n_head*hd_k), (n, n_head_kv*hd_k), (n, n_head_kv*hd_v)
+    q, k, v = be.matmuls((lw["attn_q"], lw["attn_k"], lw["attn_v"]), h)
+    if spec.qkv_bias:
+        q, k, v = (t + lw[f"{name}.bias"].raw for t, name in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")))
+    q = q.reshape(n, cfg.n_head, hd_k)
+    k = k.reshape(n, cfg.n_head_kv, hd_k)
+    v = v.reshape(n, cfg.n_head_kv, hd_v)
+    if spec.qk_norm:
+        q = be.rms_norm_heads(q, lw["attn_q_norm"].raw, cfg.f_norm_rms_eps)
+        k = be.rms_norm_heads(k, lw["attn_k_norm"].raw, cfg.f_norm_rms_eps)
+    base, fscale, n_swa = rope_params(cfg, il)
+    q = be.rope(q, positions, cfg.n_rot, base, fscale, cfg.rope_type)
+    k = be.rope(k, positions, cfg.n_rot, base, fscale, cfg.rope_type)
+    kq_scale = cfg.f_attention_scale
+    if not spec.q_scale_in_attention:  # gemma3 scales q before attention and uses a unit kq scale
+        q = be.scale(q, kq_scale)
+        kq_scale = 1.0
+    be.kv_store(kv, il, k, v, positions)
+    o = be.attention(q, kv, il, positions, kq_scale, n_swa)  # (n, n_head, hd_v)
+    return be.matmul(lw["attn_output"], o.reshape(n, cfg.n_head * hd_v))
+
+
+def ffn(be, spec: ArchSpec, lw: dict[str, Weight], h: np.ndarray) -> np.ndarray:
+    g, u = be.matmuls((lw["ffn_gate"], lw["ffn_up"]), h)
+    return be.matmul(lw["ffn_down"], be.glu(g, u, spec.ffn_act))
+
+
+def route(router_logits: np.ndarray, n_used: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Softmax router -> (expert ids (n, k), weights (n, k)); weights renormalized to sum 1 when asked
+    (llama.cpp clamps the sum at 6.1e-5)."""
+    z = router_logits - router_logits.max(axis=1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(axis=1, keepdims=True)
+    ids = np.argsort(-p, axis=1, kind="stable")[:, :n_used]
+    w = np.take_along_axis(p, ids, axis=1)
+    if normalize:
+        w = w / np.maximum(w.sum(axis=1, keepdims=True), 6.103515625e-5)
+    return ids, w.astype(np.float32)
+
+
+def moe_ffn(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], h: np.ndarray) -> np.ndarray:
+    """Top-k experts per token; tokens are grouped by expert so each expert's weights are read once per batch."""
+    logits = be.to_host(be.matmul(lw["ffn_gate_inp"], h))  # (n, n_expert), routed on the host
+    ids, w = route(np.asarray(logits, dtype=np.float32), cfg.n_expert_used, spec.moe_norm_weights)
+    out = be.zeros((h.shape[0], cfg.n_embd))
+    for e in np.unique(ids):
+        rows, slot = np.nonzero(ids == e)
+        xe = be.take_rows(h, rows)
+        g, u = be.matmuls((lw["ffn_gate_exps"].expert(int(e)), lw["ffn_up_exps"].expert(int(e))), xe)
+        d = be.matmul(lw["ffn_down_exps"].expert(int(e)), be.glu(g, u, spec.ffn_act))
+        be.scatter_add(out, rows, d, w[rows, slot])
+    return out

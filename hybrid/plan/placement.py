@@ -1,0 +1,424 @@
+"""Which layers go to the GPU: a pure function from the tensor table, the config and a VRAM budget to a PlacementPlan.
+
+llama.cpp's `-ngl` semantics: the model has n_layer + 1 offloadable layers (the repeating layers and the output
+layer); `-ngl N` puts the output layer and the last N - 1 repeating layers on the GPU (i_gpu_start =
+n_layer + 1 - N); `-ngl 999` / "all" puts everything there; "auto" takes the largest N that fits the budget.
+token_embd.weight always stays on the CPU (its rows are gathered there); a tied output layer on the GPU needs
+a GPU copy of it, counted as the output layer's bytes. The GPU's bytes, in the order they are reserved: the
+KV cache of every GPU layer, the output layer, the repeating layers from the last one backwards, then the
+compute buffers (see `scratch_bytes`) and a fixed overhead. The budget is the card's VRAM: CuPy's memory pool
+(weights, KV cache, compute buffers) gets the budget less the overhead. No hardware is touched: only arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from gguf_io import ModelConfig
+
+from hybrid.errors import PlacementError
+from hybrid.plan.explain import reasons
+from hybrid.system.sizes import MiB, format_pair, format_size
+
+# The CUDA context, cuBLAS workspace, loaded kernel images and the decode graphs' private pools: what a GPU
+# process holds outside CuPy's memory pool. Counted once, as soon as anything is on the GPU; `hybrid probe` caps
+# the pool at budget - GPU_OVERHEAD_BYTES so that measurement and plan count alike.
+GPU_OVERHEAD_BYTES = 300 * MiB
+# CuPy's pool rounds every allocation up to this many bytes.
+POOL_UNIT = 512
+# As kernels_gpu.matmul: prefill (>= GEMM_MIN_TOKENS tokens) dequantizes a weight in chunks of this many fp16
+# values (rows rounded down to 128) for cuBLAS; the next chunk is made before the last one is dropped.
+GEMM_MIN_TOKENS = 9
+GEMM_CHUNK_ELEMENTS = 1 << 26
+# As kernels_gpu.matmul.matmul_many: q/k/v whose n_out x n_in sum is at most this are dequantized into one fp16
+# scratch (one chunk reused) for one GEMM into a (T, sum n_out) product, then copied out per weight.
+GEMM_STACK_ELEMENTS = GEMM_CHUNK_ELEMENTS
+# llama.cpp pads the sliding-window cache (n_swa + n_ubatch) to a multiple of this many cells.
+SWA_PAD = 256
+# KV cache types: (elements per block, bytes per block), as ggml stores them.
+KV_TYPES: dict[str, tuple[int, int]] = {
+    "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18),  # block_q8_0 / block_q4_0
+}
+GPU, CPU = "gpu", "cpu"
+
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+_EXPERTS = re.compile(r"^blk\.\d+\.ffn_(up|down|gate|gate_up)_(ch)?exps\.")  # llama.cpp's LLM_FFN_EXPS_REGEX
+
+
+@dataclass(frozen=True)
+class LayerPlacement:
+    """One repeating layer: its device (attention, norms, dense FFN and KV cache live there) and its bytes."""
+
+    index: int
+    device: str  # "gpu" or "cpu"
+    weight_bytes: int  # every blk.{index}.* tensor
+    expert_bytes: int  # of which MoE expert tensors (ffn_{gate,up,down}_exps)
+    experts_on_cpu: bool  # --n-cpu-moe: the experts stay in RAM even when the layer is on the GPU
+    kv_bytes: int  # K + V cache, on the layer's device
+    kv_cells: int  # positions the cache holds (n_ctx, or the sliding window)
+    swa: bool
+
+    @property
+    def gpu_weight_bytes(self) -> int:
+        if self.device != GPU:
+            return 0
+        return self.weight_bytes - (self.expert_bytes if self.experts_on_cpu else 0)
+
+    @property
+    def cpu_weight_bytes(self) -> int:
+        return self.weight_bytes - self.gpu_weight_bytes
+
+    @property
+    def gpu_bytes(self) -> int:
+        return self.gpu_weight_bytes + (self.kv_bytes if self.device == GPU else 0)
+
+    @property
+    def cpu_bytes(self) -> int:
+        return self.cpu_weight_bytes + (self.kv_bytes if self.device == CPU else 0)
+
+
+@dataclass(frozen=True)
+class OutputPlacement:
+    """The output layer: output_norm + output.weight, or (tied) a copy of token_embd.weight on the GPU."""
+
+    device: str
+    weight_bytes: int  # output_norm + the LM head bytes on `device` (a tied CPU head reads token_embd: 0 extra)
+    head_bytes: int  # output.weight, or token_embd.weight when tied
+    tied: bool
+
+
+@dataclass(frozen=True)
+class ScratchEstimate:
+    """GPU compute buffers of one micro-batch (see `scratch_bytes`): the live bytes at the worst moment inside a
+    repeating layer and inside the output layer, and the pool's slack on top of the larger of the two."""
+
+    activations: int  # live peak inside a GPU layer (0 when only the output layer is on the GPU)
+    logits: int  # live peak of the output layer: T x n_vocab logits and their GEMM staging
+    slack: int  # freed blocks the pool cannot give back
+
+    @property
+    def peak(self) -> int:
+        """Bytes alive at once: the least the pool must hold, so an -ngl that needs more cannot run."""
+        return max(self.activations, self.logits)
+
+    @property
+    def total(self) -> int:
+        """What the pool holds at its high-water mark (the peak and the slack): what `auto` plans for."""
+        return self.peak + self.slack if self.peak else 0
+
+
+@dataclass(frozen=True)
+class PlacementPlan:
+    """Where every layer runs and what each device holds. n_gpu_layers has llama.cpp's -ngl meaning."""
+
+    layers: tuple[LayerPlacement, ...]
+    output: OutputPlacement
+    embedding_bytes: int  # token_embd.weight, always on the CPU
+    other_bytes: int  # any other non-layer tensor (e.g. rope_freqs), on the CPU
+    n_gpu_layers: int
+    max_fit_ngl: int  # the largest -ngl that fits the budget with these settings
+    requested_ngl: int | str
+    budget_bytes: int
+    gpu_weight_bytes: int
+    gpu_kv_bytes: int
+    scratch: ScratchEstimate
+    overhead_bytes: int
+    cpu_weight_bytes: int
+    cpu_kv_bytes: int
+    n_ctx: int
+    type_k: str
+    type_v: str
+    n_ubatch: int
+    flash_attn: bool
+    n_cpu_moe: int
+    reasons: tuple[str, ...]
+
+    @property
+    def n_layer(self) -> int:
+        return len(self.layers)
+
+    @property
+    def i_gpu_start(self) -> int:
+        """The first repeating layer on the GPU (n_layer when none is)."""
+        return max(0, self.n_layer + 1 - self.n_gpu_layers)
+
+    @property
+    def gpu_layer_indices(self) -> tuple[int, ...]:
+        return tuple(l.index for l in self.layers if l.device == GPU)
+
+    @property
+    def gpu_scratch_bytes(self) -> int:
+        return self.scratch.total
+
+    @property
+    def gpu_total_bytes(self) -> int:
+        return self.gpu_weight_bytes + self.gpu_kv_bytes + self.scratch.total + self.overhead_bytes
+
+    @property
+    def cpu_total_bytes(self) -> int:
+        return self.cpu_weight_bytes + self.cpu_kv_bytes
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.budget_bytes - self.gpu_total_bytes
+
+
+def kv_bytes_per_cell(config: ModelConfig, type_k: str = "f16", type_v: str = "f16") -> int:
+    """Bytes one position takes in one layer's K and V cache (all KV heads)."""
+    return config.n_head_kv * (_row_bytes(type_k, config.n_embd_head_k) + _row_bytes(type_v, config.n_embd_head_v))
+
+
+def kv_cells(config: ModelConfig, il: int, n_ctx: int, n_ubatch: int = 512, swa_full: bool = False) -> int:
+    """Positions layer il's cache holds: n_ctx, or for a sliding-window layer (gemma3) only the window.
+
+    llama.cpp's SWA cache keeps n_swa + n_ubatch cells (the window plus one ubatch in flight), padded to 256,
+    never more than n_ctx; `swa_full` (llama.cpp --swa-full) gives sliding layers the full n_ctx.
+    """
+    if swa_full or not config.n_swa or not config.swa_layers[il]:
+        return n_ctx
+    return min(n_ctx, -(-(config.n_swa + n_ubatch) // SWA_PAD) * SWA_PAD)
+
+
+def scratch_bytes(config: ModelConfig, n_ctx: int, n_ubatch: int, flash_attn: bool, n_gpu_layers: int,
+                  max_gpu_kv_cells: int | None = None, qkv_bias: bool = False) -> ScratchEstimate:
+    """The compute buffers of a micro-batch of T = min(n_ubatch, n_ctx) tokens through the GPU's layers, in bytes.
+
+    Not a sum of buffers: CuPy's pool hands freed blocks to the next allocation, so what counts is the largest set
+    of buffers alive at one moment, each rounded to POOL_UNIT. Walking the GPU backend's ops (hybrid/arch/
+    blocks.py over kernels_gpu) with A = T x n_embd float32 (the hidden state), the sets are:
+      layer, FFN down (the largest): the caller's x, x + attn, attn, normed x (4 A), gate, up and act(gate) * up
+      (3 x T x n_ff float32), the output (A), fp16 x (T x n_ff) and two dequantized weight chunks (see
+      _gemm_bytes); attention: x, normed x, q, k, v, the attention output (+ KQ scores without flash attention);
+      output layer: x, normed x, the logits (T x n_vocab float32: every row, as perplexity asks) and its GEMM.
+    q/k/v and gate/up are each one matmul_many (_matmuls_bytes): one fp16 x, and where they stack one GEMM (x16,
+    the product and the scratch, then the product and its copies). A decode step reuses these blocks. Quantized weights assumed (F16/F32 weights stage less).
+    Nothing when no layer is on the GPU.
+    """
+    if n_gpu_layers <= 0:
+        return ScratchEstimate(0, 0, 0)
+    t, c = min(n_ubatch, n_ctx), config
+    f32 = lambda *dims: _pool_bytes(4 * math.prod(dims))  # noqa: E731
+    hidden, positions = f32(t, c.n_embd), f32(t)
+    n_q, n_k, n_v = c.n_head * c.n_embd_head_k, c.n_head_kv * c.n_embd_head_k, c.n_head_kv * c.n_embd_head_v
+    logits = positions + 2 * hidden + _gemm_bytes(t, c.n_embd, c.n_vocab)
+    activations = 0
+    if n_gpu_layers >= 2:
+        qkv = f32(t, n_q) + f32(t, n_k) + f32(t, n_v)
+        held = positions + 2 * hidden  # the caller's x and the normed x
+        n_kv = n_ctx if max_gpu_kv_cells is None else max_gpu_kv_cells
+        attn = max(held + _matmuls_bytes(t, c.n_embd, (n_q, n_k, n_v)),
+                   held + 2 * qkv if qkv_bias else 0,  # q + bias, ... made while q, k, v are alive
+                   held + qkv + f32(t, c.n_head * c.n_embd_head_v)
+                   + (0 if flash_attn else f32(t, c.n_head, n_kv)),  # the KQ scores
+                   held + qkv + f32(t, c.n_head * c.n_embd_head_v) + _gemm_bytes(t, c.n_head * c.n_embd_head_v,
+                                                                                  c.n_embd))
+        held = positions + 4 * hidden  # x, x + attn, attn, normed
+        if c.n_expert:  # tokens grouped by expert: at least the average share of the busiest expert
+            te, n_ff, held = -(-t * c.n_expert_used // c.n_expert), c.n_ff_exp, held + hidden + f32(t, c.n_expert)
+            held += f32(te, c.n_embd)  # the expert's rows of x
+        else:
+            te, n_ff = t, c.n_ff
+        ffn = max(held + _matmuls_bytes(te, c.n_embd, (n_ff, n_ff)),
+                  held + 3 * f32(te, n_ff) + _gemm_bytes(te, n_ff, c.n_embd), positions + 6 * hidden)
+        activations = max(attn, ffn)
+    # The slack: blocks the pool cannot give back because a small buffer (the hidden state, its normed copy) sits
+    # in a split one. Replaying the allocations through a model of CuPy's pool (tests/test_placement_scratch.py)
+    # leaves 20-35 MiB at T = 512 and up to 100 MiB at T = 128 for 8B/32B shapes, never more than the largest
+    # dequantized weight chunk of a layer, or stacked GEMM scratch or product (the largest blocks a layer makes):
+    # `auto` plans for that much.
+    if n_gpu_layers < 2 or t < GEMM_MIN_TOKENS:
+        slack = 2 * hidden
+    else:
+        slack = max(_chunk_bytes(n_in, n_out) for n_in, n_out in ((c.n_embd, n_q), (c.n_embd, n_k),
+                                                                  (n_q, c.n_embd), (c.n_embd, c.n_ff),
+                                                                  (c.n_ff, c.n_embd)))
+        for te_, n_all in ((t, n_q + n_k + n_v), (te, 2 * n_ff)):  # a stacked GEMM's scratch and product
+            if _stacked(te_, c.n_embd, n_all):
+                slack = max(slack, _stack_bytes(c.n_embd, n_all), f32(te_, n_all))
+    return ScratchEstimate(activations, logits, slack)
+
+
+def _pool_bytes(n: int) -> int:
+    return -(-n // POOL_UNIT) * POOL_UNIT
+
+
+def _gemm_bytes(t: int, n_in: int, n_out: int) -> int:
+    """Live bytes of one prefill matmul x (t, n_in) @ W.T: the float32 output, and for t >= GEMM_MIN_TOKENS the
+    fp16 copy of x and the dequantized fp16 weight chunks, two alive while the next one is made."""
+    out = _pool_bytes(4 * t * n_out)
+    if t < GEMM_MIN_TOKENS:
+        return out
+    rows = _chunk_rows(n_in)
+    second = min(rows, max(0, n_out - rows))
+    return out + _pool_bytes(2 * t * n_in) + _chunk_bytes(n_in, n_out) + _pool_bytes(2 * second * n_in)
+
+
+def _chunk_rows(n_in: int) -> int:
+    """Rows of a weight kernels_gpu.matmul dequantizes at once for the prefill GEMM."""
+    return max(128, GEMM_CHUNK_ELEMENTS // n_in // 128 * 128)
+
+
+def _stacked(t: int, n_in: int, n_out: int) -> bool:
+    """Whether matmul_many runs its weights (n_out rows in all, quantized) as one stacked GEMM at t tokens."""
+    return t >= GEMM_MIN_TOKENS and n_out * n_in <= GEMM_STACK_ELEMENTS
+
+
+def _matmuls_bytes(t: int, n_in: int, n_outs: tuple[int, ...]) -> int:
+    """Live bytes of one matmul_many of x (t, n_in) by weights of n_outs rows, at its worst moment. Stacked: fp16
+    x, the (t, sum n_outs) float32 product and the scratch, then the product and its copies; else one shared fp16
+    x with the outputs made so far and the next weight's _gemm_bytes."""
+    outs = [_pool_bytes(4 * t * n) for n in n_outs]
+    if len(n_outs) >= 2 and _stacked(t, n_in, sum(n_outs)):
+        product = _pool_bytes(4 * t * sum(n_outs))
+        return max(_pool_bytes(2 * t * n_in) + product + _stack_bytes(n_in, sum(n_outs)), product + sum(outs))
+    return max(sum(outs[:i]) + _gemm_bytes(t, n_in, n) for i, n in enumerate(n_outs))
+
+
+def _stack_bytes(n_in: int, n_out: int) -> int:
+    """The fp16 scratch of a stacked GEMM: one chunk, reused."""
+    return _pool_bytes(2 * min(n_out, _chunk_rows(n_in)) * n_in)
+
+
+def _chunk_bytes(n_in: int, n_out: int) -> int:
+    """The first fp16 chunk of a dequantized (n_out, n_in) weight."""
+    return _pool_bytes(2 * min(n_out, _chunk_rows(n_in)) * n_in)
+
+
+def plan(config: ModelConfig, tensors: Mapping, budget_bytes: int | None, ngl: int | str, n_ctx: int,
+         type_k: str = "f16", type_v: str = "f16", n_ubatch: int = 512, flash_attn: bool = True, *,
+         n_cpu_moe: int = 0, swa_full: bool = False, overhead_bytes: int = GPU_OVERHEAD_BYTES) -> PlacementPlan:
+    """The placement for `ngl` (an int >= 0, "all", or "auto": the largest that fits `budget_bytes`).
+
+    `tensors` maps names to objects with `.nbytes` (GGUFFile.tensors). budget None means no GPU (0 bytes).
+    Raises PlacementError (one line, with the numbers) when the requested layers do not fit, ValueError for
+    arguments out of range (unknown KV type, n_ctx < 1, ...).
+    """
+    budget = 0 if budget_bytes is None else int(budget_bytes)
+    type_k, type_v = _kv_type(type_k), _kv_type(type_v)
+    if budget < 0 or n_ctx < 1 or n_ubatch < 1 or n_cpu_moe < 0:
+        raise ValueError(f"need budget >= 0, n_ctx >= 1, n_ubatch >= 1, n_cpu_moe >= 0; found {budget}, {n_ctx}, "
+                         f"{n_ubatch}, {n_cpu_moe}")
+    costs = _Costs(config, tensors, n_ctx, type_k, type_v, n_ubatch, flash_attn, n_cpu_moe, swa_full, overhead_bytes)
+    n_max = config.n_layer + 1
+    totals = [costs.gpu_parts(k) for k in range(n_max + 1)]
+    max_fit = max(k for k in range(n_max + 1) if sum(totals[k]) <= budget)  # k = 0 costs nothing: always fits
+    k = _resolve_ngl(ngl, n_max, max_fit)
+    # `auto` plans for the pool's high-water mark (the peak of live buffers and the slack); an explicit -ngl is
+    # refused only when it cannot run, i.e. when even the buffers alive at once (a lower bound of what the pool
+    # must hold) do not fit. Between the two the device decides: the slack depends on which blocks the allocator
+    # happened to split, and `hybrid probe` measures it; its measured ceiling must not be refused here.
+    w, kv, _, overhead = totals[k]
+    least = (w, kv, costs.scratch(k).peak, overhead)
+    if sum(least) > budget:
+        raise PlacementError(_too_big(k, least, budget, max_fit))
+    return costs.build(k, max_fit, ngl, budget, totals[k], totals[k + 1] if k < n_max else None)
+
+
+def _resolve_ngl(ngl: int | str, n_max: int, max_fit: int) -> int:
+    if isinstance(ngl, str):
+        key = ngl.strip().lower()
+        if key == "auto":
+            return max_fit
+        if key == "all":
+            return n_max
+        if key.isdigit():
+            ngl = int(key)
+    if isinstance(ngl, bool) or not isinstance(ngl, int) or ngl < 0:
+        raise ValueError(f"ngl must be an integer >= 0, 'all' or 'auto', found {ngl!r}")
+    return min(ngl, n_max)
+
+
+def _too_big(k: int, parts: tuple[int, int, int, int], budget: int, max_fit: int) -> str:
+    """parts: (weights, kv, peak of the compute buffers, overhead): the least that -ngl k needs."""
+    need, have = format_pair(sum(parts), budget)
+    w, kv, scratch, overhead = parts
+    layers = "1 layer needs" if k == 1 else f"{k} layers need"
+    return (f"{layers} at least {need} of the {have} VRAM budget (weights {format_size(w)}, KV cache "
+            f"{format_size(kv)}, buffers {format_size(scratch + overhead)}); {max_fit} fit")
+
+
+def _kv_type(name: str) -> str:
+    key = str(name).lower()
+    if key not in KV_TYPES:
+        raise ValueError(f"KV cache type must be one of {', '.join(KV_TYPES)}, found {name!r}")
+    return key
+
+
+def _row_bytes(type_name: str, head_dim: int) -> int:
+    block, size = KV_TYPES[_kv_type(type_name)]
+    if head_dim % block:
+        raise ValueError(f"a {type_name} KV cache needs a head size divisible by {block}, found {head_dim}")
+    return head_dim // block * size
+
+
+class _Costs:
+    """The bytes of every part of the model once; gpu_parts(k) and build(k) for any -ngl k."""
+
+    def __init__(self, config, tensors, n_ctx, type_k, type_v, n_ubatch, flash_attn, n_cpu_moe, swa_full, overhead):
+        c = self.config = config
+        self.settings = (n_ctx, type_k, type_v, n_ubatch, flash_attn, n_cpu_moe)
+        self.overhead = overhead
+        n = c.n_layer
+        self.weights, self.experts = [0] * n, [0] * n
+        self.embedding = self.other = self.norm = 0
+        head = None
+        for name, t in tensors.items():
+            m = _LAYER.match(name)
+            if m and int(m.group(1)) < n:
+                il = int(m.group(1))
+                self.weights[il] += t.nbytes
+                self.experts[il] += t.nbytes if _EXPERTS.match(name) else 0
+            elif name == "token_embd.weight":
+                self.embedding = t.nbytes
+            elif name == "output.weight":
+                head = t.nbytes
+            elif name == "output_norm.weight":
+                self.norm = t.nbytes
+            else:
+                self.other += t.nbytes
+        self.tied = head is None
+        self.qkv_bias = any(name.endswith(".attn_q.bias") for name in tensors)
+        self.head = self.embedding if self.tied else head
+        per_cell = kv_bytes_per_cell(c, type_k, type_v)
+        self.cells = [kv_cells(c, il, n_ctx, n_ubatch, swa_full) for il in range(n)]
+        self.kv = [cells * per_cell for cells in self.cells]
+        self.cpu_moe = [il < n_cpu_moe for il in range(n)]
+
+    def on_gpu(self, il: int, k: int) -> bool:
+        return il >= self.config.n_layer + 1 - k
+
+    def gpu_parts(self, k: int) -> tuple[int, int, int, int]:
+        """(weights, kv, scratch, overhead) bytes on the GPU for -ngl k."""
+        if k == 0:
+            return 0, 0, 0, 0
+        gpu = [il for il in range(self.config.n_layer) if self.on_gpu(il, k)]
+        weights = self.norm + self.head + sum(self.weights[il] - self.experts[il] * self.cpu_moe[il] for il in gpu)
+        kv = sum(self.kv[il] for il in gpu)
+        return weights, kv, self.scratch(k).total, self.overhead
+
+    def scratch(self, k: int) -> ScratchEstimate:
+        n_ctx, _, _, n_ubatch, flash_attn, _ = self.settings
+        max_cells = max((self.cells[il] for il in range(self.config.n_layer) if self.on_gpu(il, k)), default=0)
+        return scratch_bytes(self.config, n_ctx, n_ubatch, flash_attn, k, max_cells, self.qkv_bias)
+
+    def build(self, k: int, max_fit: int, requested, budget: int, parts, next_parts) -> PlacementPlan:
+        n_ctx, type_k, type_v, n_ubatch, flash_attn, n_cpu_moe = self.settings
+        layers = tuple(
+            LayerPlacement(il, GPU if self.on_gpu(il, k) else CPU, self.weights[il], self.experts[il],
+                           self.cpu_moe[il] and self.experts[il] > 0, self.kv[il], self.cells[il],
+                           bool(self.config.n_swa) and self.config.swa_layers[il])
+            for il in range(self.config.n_layer)
+        )
+        out_dev = GPU if k >= 1 else CPU
+        out_bytes = self.norm + (self.head if out_dev == GPU or not self.tied else 0)
+        output = OutputPlacement(out_dev, out_bytes, self.head, self.tied)
+        scratch = self.scratch(k)
+        weights, kv, _, overhead = parts
+        cpu_w = self.embedding + self.other + sum(l.cpu_weight_bytes for l in layers) + (out_bytes if k == 0 else 0)
+        cpu_kv = sum(l.kv_bytes for l in layers if l.device == CPU)
+        p = PlacementPlan(layers, output, self.embedding, self.other, k, max_fit, requested, budget, weights, kv,
+                          scratch, overhead, cpu_w, cpu_kv, n_ctx, type_k, type_v, n_ubatch, flash_attn, n_cpu_moe, ())
+        return replace(p, reasons=reasons(p, next_parts))

@@ -1,7 +1,0 @@
-"""GGUF tokenizers that match llama.cpp token for token: SentencePiece (`llama`) and byte-level BPE (`gpt2`)."""
-
-from hybrid.errors import TokenizerError
-
-from .tokenizer import Tokenizer
-
-__all__ = ["Tokenizer", "TokenizerError"]

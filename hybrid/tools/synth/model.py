@@ -1,0 +1,257 @@
+"""Synthetic GGUF models of any supported architecture and size, from tiny test models to Llama-3-70B shapes.
+
+Weights are random quantized blocks with sane scales (`synth_blocks`), written tensor by tensor (`synth_writer`);
+types follow llama.cpp's Q4_K_M rules (`synth_types`) or one uniform type. Deterministic in the seed.
+
+    make_model("m.gguf", "llama", "llama-8b", "Q4_K_M", seed=1, vocab_gguf=".../ggml-vocab-llama-bpe.gguf")
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, fields, replace
+from math import sqrt
+from pathlib import Path
+from typing import Callable
+
+from gguf_io.config import SUPPORTED_ARCHITECTURES
+from gguf_io.metadata import F32, STRING, U32
+
+from hybrid.tools.synth.blocks import chunk_jobs
+from hybrid.tools.synth.qtypes import tensor_type
+from hybrid.tools.synth.vocab import synthetic_vocab, vocab_from_gguf
+from gguf_io.writer import GGUFLayout, TensorEntry, layout, write_gguf
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Hyperparameters with llama.cpp's names. None fields take the architecture's default."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+    n_vocab: int
+    head_dim: int | None = None  # None: n_embd // n_head
+    n_expert: int = 0  # qwen3moe: 0 means 8 experts, 2 used, n_ff_exp = n_ff // 4
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ctx_train: int = 4096
+    tied: bool | None = None  # no output.weight (the LM head is token_embd); None: gemma3 tied, others untied
+    n_swa: int = 512  # gemma3 sliding window
+    rope_freq_base: float | None = None
+    rms_eps: float | None = None
+
+
+PRESETS: dict[str, ModelShape] = {
+    "tiny": ModelShape(2, 256, 4, 2, 512, 1024, n_swa=32),
+    "llama-1b": ModelShape(16, 2048, 32, 8, 8192, 128256, n_ctx_train=131072, tied=True),  # Llama-3.2-1B
+    "llama-3b": ModelShape(28, 3072, 24, 8, 8192, 128256, n_ctx_train=131072, tied=True),  # Llama-3.2-3B
+    "llama-8b": ModelShape(32, 4096, 32, 8, 14336, 128256, n_ctx_train=8192),  # Llama-3-8B
+    "qwen-32b": ModelShape(64, 5120, 40, 8, 27648, 152064, n_ctx_train=32768),  # Qwen2.5-32B
+    "llama-70b": ModelShape(80, 8192, 64, 8, 28672, 128256, n_ctx_train=8192),  # Llama-3-70B
+    "qwen3moe-30b": ModelShape(48, 2048, 32, 4, 6144, 151936, head_dim=128, n_expert=128, n_expert_used=8,
+                               n_ff_exp=768, n_ctx_train=40960),  # Qwen3-30B-A3B
+}
+_ROPE_BASE = {"llama": 500000.0, "qwen2": 1e6, "qwen3": 1e6, "qwen3moe": 1e6, "gemma3": 1e6}
+_RMS_EPS = {"llama": 1e-5, "qwen2": 1e-6, "qwen3": 1e-6, "qwen3moe": 1e-6, "gemma3": 1e-6}
+
+# Weight draws, as the fixtures' generator (../shared/fixtures/arch/README.md) at n_embd 256: matrices N(0, std)
+# with std scaled by sqrt(256 / n_in) for wider inputs (activations stay O(1) at any size); 1-D tensors N(mean, sd).
+_MATRIX_STD = {"token_embd": 0.05, "attn_q": 0.08, "attn_k": 0.08, "attn_v": 0.06, "attn_output": 0.06,
+               "ffn_gate": 0.06, "ffn_up": 0.06, "ffn_down": 0.04, "output": 0.06, "ffn_gate_inp": 0.10,
+               "ffn_gate_exps": 0.06, "ffn_up_exps": 0.06, "ffn_down_exps": 0.05}
+_VECTOR_DRAW = {"attn_norm": (1.0, 0.1), "ffn_norm": (1.0, 0.1), "post_attention_norm": (1.0, 0.1),
+                "post_ffw_norm": (1.0, 0.1), "attn_q_norm": (1.3, 0.15), "attn_k_norm": (1.3, 0.15),
+                "output_norm": (4.0, 0.3), "attn_q.bias": (0.0, 0.2), "attn_k.bias": (0.0, 0.3),
+                "attn_v.bias": (0.0, 0.1)}
+
+
+def matrix_std(kind: str, n_in: int) -> float:
+    """The std of the weights of a matrix `kind` ("attn_q", ...) with `n_in` inputs (ne[0])."""
+    return _MATRIX_STD[kind] * sqrt(256 / max(n_in, 256))
+
+
+def resolve_shape(arch: str, shape: str | ModelShape, **overrides) -> ModelShape:
+    """A preset name or a ModelShape, with `overrides` (ModelShape fields; None values ignored) and the
+    architecture's defaults filled in."""
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(f"architecture {arch!r} is not supported; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
+    if isinstance(shape, str):
+        if shape not in PRESETS:
+            raise ValueError(f"unknown preset {shape!r}; presets: {', '.join(PRESETS)}")
+        shape = PRESETS[shape]
+    known = {f.name for f in fields(ModelShape)}
+    bad = set(overrides) - known
+    if bad:
+        raise ValueError(f"unknown shape fields {sorted(bad)}; fields: {sorted(known)}")
+    s = replace(shape, **{k: v for k, v in overrides.items() if v is not None})
+    s = replace(s, head_dim=s.head_dim or s.n_embd // s.n_head,
+                tied=(arch == "gemma3") if s.tied is None else s.tied,
+                rope_freq_base=s.rope_freq_base or _ROPE_BASE[arch], rms_eps=s.rms_eps or _RMS_EPS[arch])
+    if arch == "qwen3moe" and s.n_expert == 0:
+        s = replace(s, n_expert=8, n_expert_used=2, n_ff_exp=s.n_ff_exp or s.n_ff // 4)
+    if arch != "qwen3moe":
+        s = replace(s, n_expert=0, n_expert_used=0, n_ff_exp=0)
+    if min(s.n_layer, s.n_embd, s.n_head, s.n_head_kv, s.n_ff, s.n_vocab, s.head_dim) < 1 or s.n_head % s.n_head_kv:
+        raise ValueError(f"invalid shape {s}: sizes must be >= 1 and n_head a multiple of n_head_kv")
+    if arch == "qwen3moe" and not (1 <= s.n_expert_used <= s.n_expert and s.n_ff_exp >= 1):
+        raise ValueError(f"invalid experts: {s.n_expert_used} used of {s.n_expert}, width {s.n_ff_exp}")
+    return s
+
+
+@dataclass(frozen=True)
+class Draw:
+    """How one tensor's values are drawn: N(mean, std)."""
+
+    std: float
+    mean: float = 0.0
+
+
+def tensor_list(arch: str, s: ModelShape) -> list[tuple[str, tuple[int, ...], str, int, Draw]]:
+    """(name, ne, kind, layer or -1, draw) of every tensor, in llama.cpp's names and file order."""
+    hd, q, kv = s.head_dim, s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    out = []
+
+    def mat(name, kind, il, *ne):
+        out.append((name, tuple(ne), kind, il, Draw(matrix_std(kind, ne[0]))))
+
+    def vec(name, kind, il, n):
+        mean, sd = _VECTOR_DRAW[kind]
+        out.append((name, (n,), kind, il, Draw(sd, mean)))
+
+    mat("token_embd.weight", "token_embd", -1, s.n_embd, s.n_vocab)
+    for il in range(s.n_layer):
+        p = f"blk.{il}."
+        vec(p + "attn_norm.weight", "attn_norm", il, s.n_embd)
+        mat(p + "attn_q.weight", "attn_q", il, s.n_embd, q)
+        mat(p + "attn_k.weight", "attn_k", il, s.n_embd, kv)
+        mat(p + "attn_v.weight", "attn_v", il, s.n_embd, kv)
+        if arch == "qwen2":
+            vec(p + "attn_q.bias", "attn_q.bias", il, q)
+            vec(p + "attn_k.bias", "attn_k.bias", il, kv)
+            vec(p + "attn_v.bias", "attn_v.bias", il, kv)
+        if arch in ("qwen3", "qwen3moe", "gemma3"):
+            vec(p + "attn_q_norm.weight", "attn_q_norm", il, hd)
+            vec(p + "attn_k_norm.weight", "attn_k_norm", il, hd)
+        mat(p + "attn_output.weight", "attn_output", il, q, s.n_embd)
+        if arch == "gemma3":
+            vec(p + "post_attention_norm.weight", "post_attention_norm", il, s.n_embd)
+        vec(p + "ffn_norm.weight", "ffn_norm", il, s.n_embd)
+        if arch == "qwen3moe":
+            mat(p + "ffn_gate_inp.weight", "ffn_gate_inp", il, s.n_embd, s.n_expert)
+            mat(p + "ffn_gate_exps.weight", "ffn_gate_exps", il, s.n_embd, s.n_ff_exp, s.n_expert)
+            mat(p + "ffn_up_exps.weight", "ffn_up_exps", il, s.n_embd, s.n_ff_exp, s.n_expert)
+            mat(p + "ffn_down_exps.weight", "ffn_down_exps", il, s.n_ff_exp, s.n_embd, s.n_expert)
+        else:
+            mat(p + "ffn_gate.weight", "ffn_gate", il, s.n_embd, s.n_ff)
+            mat(p + "ffn_up.weight", "ffn_up", il, s.n_embd, s.n_ff)
+            mat(p + "ffn_down.weight", "ffn_down", il, s.n_ff, s.n_embd)
+        if arch == "gemma3":
+            vec(p + "post_ffw_norm.weight", "post_ffw_norm", il, s.n_embd)
+    vec("output_norm.weight", "output_norm", -1, s.n_embd)
+    if not s.tied:
+        mat("output.weight", "output", -1, s.n_embd, s.n_vocab)
+    return out
+
+
+@dataclass(frozen=True)
+class SynthPlan:
+    """Everything about a synthetic model except its weight bytes: `layout.file_size` is the file's size."""
+
+    arch: str
+    shape: ModelShape
+    qtype_mix: str
+    tensors: tuple[TensorEntry, ...]
+    draws: tuple[Draw, ...]  # per tensor
+    metadata: tuple[tuple[str, object, object], ...]  # (key, value, GGUF value type)
+    layout: GGUFLayout
+
+
+_FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
+               "Q3_K": 12, "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32,
+               "Q4_K_M": 15}  # llama_ftype (uniform K types named by their _S/_M variant)
+
+
+def _hparams(arch: str, s: ModelShape, qtype_mix: str, name: str) -> list[tuple[str, object, object]]:
+    a = arch
+    md = [("general.architecture", arch, STRING), ("general.name", name, STRING),
+          (f"{a}.context_length", s.n_ctx_train, U32), (f"{a}.embedding_length", s.n_embd, U32),
+          (f"{a}.block_count", s.n_layer, U32), (f"{a}.feed_forward_length", s.n_ff, U32),
+          (f"{a}.attention.head_count", s.n_head, U32), (f"{a}.attention.head_count_kv", s.n_head_kv, U32),
+          (f"{a}.rope.freq_base", s.rope_freq_base, F32),
+          (f"{a}.attention.layer_norm_rms_epsilon", s.rms_eps, F32)]
+    if arch in ("qwen3", "qwen3moe", "gemma3") or s.head_dim != s.n_embd // s.n_head:
+        md += [(f"{a}.attention.key_length", s.head_dim, U32), (f"{a}.attention.value_length", s.head_dim, U32)]
+    if arch == "qwen3moe":
+        md += [(f"{a}.expert_count", s.n_expert, U32), (f"{a}.expert_used_count", s.n_expert_used, U32),
+               (f"{a}.expert_feed_forward_length", s.n_ff_exp, U32)]
+    if arch == "gemma3":
+        md.append((f"{a}.attention.sliding_window", s.n_swa, U32))
+    if arch == "llama":
+        md += [(f"{a}.rope.dimension_count", s.head_dim, U32), (f"{a}.vocab_size", s.n_vocab, U32)]
+    md += [("general.file_type", _FILE_TYPES.get(qtype_mix, 1), U32), ("general.quantization_version", 2, U32),
+           ("general.alignment", 32, U32)]
+    return md
+
+
+def plan_model(arch: str, shape: str | ModelShape, qtype_mix: str = "Q4_K_M", vocab_gguf: str | Path | None = None,
+               name: str | None = None, **overrides) -> SynthPlan:
+    """The tensors, types, metadata and byte layout of a synthetic model, without writing anything.
+
+    `qtype_mix`: "Q4_K_M" (llama.cpp's rules) or one type for every matrix ("Q8_0", "F16", ...); norms,
+    biases and the MoE router are F32. With `vocab_gguf`, its `tokenizer.*` keys are copied (tokens padded
+    with [PADi] up to n_vocab; n_vocab grows to the vocabulary's size if that is larger)."""
+    s = resolve_shape(arch, shape, **overrides)
+    if vocab_gguf is not None:
+        vocab = vocab_from_gguf(vocab_gguf, s.n_vocab)
+        s = replace(s, n_vocab=len(vocab[1][1]))  # the tokens
+    else:
+        vocab = synthetic_vocab(s.n_vocab)
+    if name is None:
+        name = f"synthetic-{arch}-{shape if isinstance(shape, str) else 'custom'}"
+    specs = tensor_list(arch, s)
+    entries = tuple(TensorEntry(n, ne, tensor_type(arch, s, qtype_mix, kind, il, ne)) for n, ne, kind, il, _ in specs)
+    metadata = tuple(_hparams(arch, s, qtype_mix, name) + vocab)
+    return SynthPlan(arch, s, qtype_mix, entries, tuple(d for *_, d in specs), metadata, layout(metadata, entries))
+
+
+def planned_size(preset: str | ModelShape, arch: str = "llama", qtype_mix: str = "Q4_K_M",
+                 vocab_gguf: str | Path | None = None, **overrides) -> int:
+    """The byte size of the file `make_model` would write (a dry run)."""
+    return plan_model(arch, preset, qtype_mix, vocab_gguf, **overrides).layout.file_size
+
+
+def make_model(path: str | Path, arch: str, shape: str | ModelShape, qtype_mix: str = "Q4_K_M", seed: int = 0,
+               vocab_gguf: str | Path | None = None, name: str | None = None, threads: int | None = None,
+               on_tensor: Callable[[int, TensorEntry], None] | None = None, **overrides) -> SynthPlan:
+    """Write a synthetic GGUF to `path` (arguments as `plan_model`, then `write_plan`); returns its plan."""
+    plan = plan_model(arch, shape, qtype_mix, vocab_gguf, name, **overrides)
+    write_plan(path, plan, seed, threads, on_tensor)
+    return plan
+
+
+def write_plan(path: str | Path, plan: SynthPlan, seed: int = 0, threads: int | None = None,
+               on_tensor: Callable[[int, TensorEntry], None] | None = None) -> int:
+    """Write the model of `plan` with weights drawn from `seed`; returns the file size.
+
+    Weight bytes are generated in chunks on `threads` threads (default: up to 8 cores) and written in order,
+    so memory stays at a few hundred MB whatever the model size. `on_tensor(i, entry)` reports progress."""
+    threads = threads or max(1, min(8, os.cpu_count() or 1))
+    draws = dict(zip((t.name for t in plan.tensors), plan.draws))
+    with ThreadPoolExecutor(threads) as pool:
+
+        def data(t: TensorEntry):
+            d = draws[t.name]
+            pending = deque()
+            for job in chunk_jobs(seed, t.name, t.type_name, t.n_elements, d.std, d.mean):
+                pending.append(pool.submit(job))
+                if len(pending) > 2 * threads:
+                    yield pending.popleft().result()
+            while pending:
+                yield pending.popleft().result()
+
+        return write_gguf(path, plan.layout, plan.tensors, data, on_tensor=on_tensor)
