@@ -107,9 +107,9 @@ def test_mlock_refused_warns_and_the_run_goes_on(model):
     assert r.returncode == 0, r.stderr
     warn = [line for line in r.stderr.splitlines() if line.startswith("warning: --mlock")]
     assert len(warn) == 1, r.stderr
-    assert "RLIMIT_MEMLOCK is 0.1 MiB (65536 bytes)" in warn[0] and "ulimit -l" in warn[0]
+    assert "RLIMIT_MEMLOCK is 64.0 KiB (65536 bytes)" in warn[0] and "ulimit -l" in warn[0]
     assert "limits.conf" in warn[0] and "continuing without mlock" in warn[0]
-    assert re.search(r"needs [\d.]+ MiB \(\d+ bytes\)", warn[0])  # the bytes needed
+    assert re.search(r"needs [\d.]+ [KMG]iB \(\d+ bytes\)", warn[0])  # the bytes needed
 
 
 def test_numa_on_one_node_says_it_is_a_no_op(model):
@@ -119,7 +119,7 @@ def test_numa_on_one_node_says_it_is_a_no_op(model):
         from hybrid.model.weights import load_weights
         from gguf_io import ModelConfig
 
-        notes, lock = prepare_cpu_weights(load_weights(f, ModelConfig.from_gguf(f)), "distribute")
+        notes, lock = prepare_cpu_weights(load_weights(f, ModelConfig.from_gguf(f)).host_arrays(), "distribute")
     assert lock is None and len(notes) == 1 and "one NUMA node" in notes[0] and "changes nothing" in notes[0]
     assert numa.policy_for("distribute") is None
 

@@ -44,5 +44,5 @@ def test_measuring_without_gpu_is_one_line(fixtures_dir):
 
 def test_unknown_kv_type_is_one_line(fixtures_dir):
     r = probe(str(fixtures_dir / "arch" / "llama-q4_k_m.gguf"), "--dry-run", "--vram-budget", "1GiB", "-ctk", "q9")
-    assert r.returncode == 1 and "unknown KV cache type 'q9'" in r.stderr and "internal error" not in r.stderr
+    assert r.returncode == 1 and "KV cache type must be one of f16, q8_0, q4_0, f32, found 'q9'" in r.stderr and "internal error" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

@@ -17,7 +17,8 @@ from hybrid.system.devices import probe_machine
 from hybrid.engine.engine import EngineParams
 from hybrid.tools.info import model_type
 
-from hybrid.cli.common import fmt_bytes, fmt_count
+from hybrid.system.sizes import format_size
+from hybrid.cli.common import fmt_count
 from hybrid.cli.options import CpuMaskOpt, CpuRangeOpt, MlockOpt, NoMmapOpt, NumaOpt
 from hybrid.cli.session import load_engine, note, system_params
 
@@ -130,7 +131,7 @@ def _render(rows: list[dict], output: str) -> None:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     for r in rows:
         lines.append("| " + " | ".join([
-            r["model_type"], fmt_bytes(r["model_size"]), fmt_count(r["model_n_params"]), r["backends"],
+            r["model_type"], format_size(r["model_size"], 2), fmt_count(r["model_n_params"]), r["backends"],
             str(r["n_threads"]), r["type_k"], r["type_v"], str(r["n_gpu_layers"]), str(r["no_op_offload"]),
             str(r["no_repack"]), r["test"],
             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",

@@ -1,4 +1,4 @@
-"""Options and helpers shared by the commands: the model argument, opening a model, byte formatting."""
+"""Options and helpers shared by the commands: the model argument, opening a model, counts formatting."""
 
 from __future__ import annotations
 
@@ -25,14 +25,6 @@ def cache_dir() -> Path | None:
 
 def open_model(model: str | None) -> GGUFFile:
     return open_gguf(resolve_model(model, cache_dir()))
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return f"{n:.2f} TiB"
 
 
 def fmt_count(n: int) -> str:

@@ -11,7 +11,8 @@ from rich.table import Table
 from hybrid.system.devices import MachineInfo, probe_machine
 from hybrid.tools.info import ModelSummary, summarize
 
-from hybrid.cli.common import JsonOpt, ModelArg, fmt_bytes, fmt_count, open_model
+from hybrid.system.sizes import format_size
+from hybrid.cli.common import JsonOpt, ModelArg, fmt_count, open_model
 
 _CONFIG_FIELDS = (
     "n_vocab", "n_ctx_train", "n_embd", "n_layer", "n_head", "n_head_kv", "n_embd_head_k", "n_ff",
@@ -35,7 +36,7 @@ def info(model: ModelArg = None, json_out: JsonOpt = False) -> None:
 
 def _render_model(console: Console, s: ModelSummary) -> None:
     console.print(f"[bold]{s.name or s.path}[/bold]  ({s.architecture}, GGUF v{s.gguf_version})")
-    console.print(f"file {s.path}: {fmt_bytes(s.file_size)}, {fmt_count(s.n_params)} parameters, "
+    console.print(f"file {s.path}: {format_size(s.file_size, 2)}, {fmt_count(s.n_params)} parameters, "
                   f"{8 * s.file_size / max(s.n_params, 1):.2f} bits per weight")
     hp = Table(title="hyperparameters", show_header=False)
     if s.config is None:
@@ -51,15 +52,15 @@ def _render_model(console: Console, s: ModelSummary) -> None:
     for col in ("type", "tensors", "bytes"):
         types.add_column(col, justify="right" if col != "type" else "left")
     for t in s.types:
-        types.add_row(t.type_name, str(t.n_tensors), fmt_bytes(t.n_bytes))
+        types.add_row(t.type_name, str(t.n_tensors), format_size(t.n_bytes, 2))
     console.print(types)
     layers = Table(title="weight bytes per layer")
     layers.add_column("layer")
     layers.add_column("bytes", justify="right")
     for i, b in enumerate(s.layer_bytes):
-        layers.add_row(f"blk.{i}", fmt_bytes(b))
+        layers.add_row(f"blk.{i}", format_size(b, 2))
     for name, b in s.other_bytes.items():
-        layers.add_row(name, fmt_bytes(b))
+        layers.add_row(name, format_size(b, 2))
     console.print(layers)
 
 
@@ -68,14 +69,14 @@ def _render_machine(console: Console, m: MachineInfo) -> None:
     t.add_row("CPU", m.cpu_model)
     t.add_row("cores", f"{m.physical_cores} physical, {m.logical_cores} logical")
     t.add_row("features", " ".join(m.cpu_features) or "none of AVX/AVX2/AVX-512/VNNI")
-    t.add_row("RAM", f"{fmt_bytes(m.ram_total_bytes)} total, {fmt_bytes(m.ram_available_bytes)} available")
+    t.add_row("RAM", f"{format_size(m.ram_total_bytes, 2)} total, {format_size(m.ram_available_bytes, 2)} available")
     t.add_row("NUMA nodes", ", ".join(f"node{n}: cpus {','.join(map(str, c))}" for n, c in m.numa_nodes))
-    lim = "unlimited" if m.memlock_soft < 0 else fmt_bytes(m.memlock_soft)
+    lim = "unlimited" if m.memlock_soft < 0 else format_size(m.memlock_soft, 2)
     t.add_row("mlock limit", lim)
     if m.gpus:
         for g in m.gpus:
             t.add_row(f"GPU {g.index}", f"{g.name} (sm {g.compute_capability}), "
-                                        f"{fmt_bytes(g.free_bytes)} free of {fmt_bytes(g.total_bytes)}")
+                                        f"{format_size(g.free_bytes, 2)} free of {format_size(g.total_bytes, 2)}")
     else:
         t.add_row("GPU", f"none: {m.gpu_error}")
     console.print(t)

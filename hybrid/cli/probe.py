@@ -17,7 +17,7 @@ from gguf_io import ModelConfig
 from hybrid.system.devices import probe_gpus, probe_machine
 from hybrid.engine.engine import Engine, EngineParams
 from hybrid.errors import DeviceUnavailable, HybridError
-from hybrid.kv.cache import check_kv_types
+from hybrid.kv.types import check_kv_types
 from hybrid.model.files import resolve_model
 from hybrid.plan.placement import plan
 from hybrid.plan.probe import DEFAULT_MARGIN_BYTES, kv_type_table

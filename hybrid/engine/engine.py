@@ -20,7 +20,8 @@ from hybrid.model.arch.blocks import layer_forward
 from hybrid.model.arch.spec import LAYER_TENSORS_DENSE, LAYER_TENSORS_MOE, ArchSpec
 from hybrid.backends.cpu import CpuBackend
 from hybrid.errors import ContextTooLarge, HybridError
-from hybrid.kv.cache import KVCache, check_kv_types
+from hybrid.kv.cache import KVCache
+from hybrid.kv.types import check_kv_types
 from hybrid.system.memlock import prepare_cpu_weights
 from hybrid.system.numa import check_mode as check_numa_mode
 from hybrid.system.numa import memory_policy
@@ -129,7 +130,7 @@ class Engine:
         except BaseException:
             f.close()
             raise
-        notes, _ = prepare_cpu_weights(engine.weights, params.numa, params.use_mlock)  # after the GPU took its layers
+        notes, _ = prepare_cpu_weights(engine.weights.host_arrays(), params.numa, params.use_mlock)  # after the GPU took its layers
         for msg in notes:
             if progress:
                 progress(msg)

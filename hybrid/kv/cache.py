@@ -6,17 +6,6 @@ from dataclasses import dataclass, field
 
 from gguf_io import ModelConfig
 
-from hybrid.errors import HybridError
-
-KV_TYPES = ("f16", "q8_0", "q4_0", "f32")
-
-
-def check_kv_types(*names: str) -> None:
-    """HybridError (one line for the user) unless every name is a KV cache type the engine stores."""
-    for t in names:
-        if t not in KV_TYPES:
-            raise HybridError(f"unknown KV cache type '{t}': choose one of {', '.join(KV_TYPES)}")
-
 
 @dataclass
 class KVCache:

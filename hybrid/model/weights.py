@@ -38,6 +38,11 @@ class ModelWeights:
     output_norm: Weight
     layers: list[dict[str, Weight]] = field(default_factory=list)  # per layer: "attn_q", "attn_q.bias", ...
 
+    def host_arrays(self) -> list[np.ndarray]:
+        """The host arrays of every weight still on the CPU (GPU-resident ones are skipped)."""
+        ws = [self.token_embd, self.output, self.output_norm, *(w for lw in self.layers for w in lw.values())]
+        return [w.raw for w in ws if isinstance(w.raw, np.ndarray)]
+
 
 def _weight(f: GGUFFile, name: str) -> Weight:
     info = f.tensors[name]

@@ -20,6 +20,7 @@ from typing import Mapping
 from gguf_io import ModelConfig
 
 from hybrid.errors import PlacementError
+from hybrid.kv.types import check_kv_types, kv_row_bytes
 from hybrid.plan.explain import reasons
 from hybrid.system.sizes import MiB, format_pair, format_size
 
@@ -38,10 +39,6 @@ GEMM_CHUNK_ELEMENTS = 1 << 26
 GEMM_STACK_ELEMENTS = GEMM_CHUNK_ELEMENTS
 # llama.cpp pads the sliding-window cache (n_swa + n_ubatch) to a multiple of this many cells.
 SWA_PAD = 256
-# KV cache types: (elements per block, bytes per block), as ggml stores them.
-KV_TYPES: dict[str, tuple[int, int]] = {
-    "f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q4_0": (32, 18),  # block_q8_0 / block_q4_0
-}
 GPU, CPU = "gpu", "cpu"
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
@@ -168,7 +165,7 @@ class PlacementPlan:
 
 def kv_bytes_per_cell(config: ModelConfig, type_k: str = "f16", type_v: str = "f16") -> int:
     """Bytes one position takes in one layer's K and V cache (all KV heads)."""
-    return config.n_head_kv * (_row_bytes(type_k, config.n_embd_head_k) + _row_bytes(type_v, config.n_embd_head_v))
+    return config.n_head_kv * (kv_row_bytes(type_k, config.n_embd_head_k) + kv_row_bytes(type_v, config.n_embd_head_v))
 
 
 def kv_cells(config: ModelConfig, il: int, n_ctx: int, n_ubatch: int = 512, swa_full: bool = False) -> int:
@@ -297,7 +294,7 @@ def plan(config: ModelConfig, tensors: Mapping, budget_bytes: int | None, ngl: i
     arguments out of range (unknown KV type, n_ctx < 1, ...).
     """
     budget = 0 if budget_bytes is None else int(budget_bytes)
-    type_k, type_v = _kv_type(type_k), _kv_type(type_v)
+    type_k, type_v = check_kv_types(type_k, type_v)
     if budget < 0 or n_ctx < 1 or n_ubatch < 1 or n_cpu_moe < 0:
         raise ValueError(f"need budget >= 0, n_ctx >= 1, n_ubatch >= 1, n_cpu_moe >= 0; found {budget}, {n_ctx}, "
                          f"{n_ubatch}, {n_cpu_moe}")
@@ -338,20 +335,6 @@ def _too_big(k: int, parts: tuple[int, int, int, int], budget: int, max_fit: int
     layers = "1 layer needs" if k == 1 else f"{k} layers need"
     return (f"{layers} at least {need} of the {have} VRAM budget (weights {format_size(w)}, KV cache "
             f"{format_size(kv)}, buffers {format_size(scratch + overhead)}); {max_fit} fit")
-
-
-def _kv_type(name: str) -> str:
-    key = str(name).lower()
-    if key not in KV_TYPES:
-        raise ValueError(f"KV cache type must be one of {', '.join(KV_TYPES)}, found {name!r}")
-    return key
-
-
-def _row_bytes(type_name: str, head_dim: int) -> int:
-    block, size = KV_TYPES[_kv_type(type_name)]
-    if head_dim % block:
-        raise ValueError(f"a {type_name} KV cache needs a head size divisible by {block}, found {head_dim}")
-    return head_dim // block * size
 
 
 class _Costs:

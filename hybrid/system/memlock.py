@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybrid.system import numa
-from hybrid.model.weights import ModelWeights
+from hybrid.system.libc import libc
+from hybrid.system.sizes import format_size
 
 MADV_WILLNEED = 3
 MADV_DONTNEED = 4
@@ -29,21 +30,6 @@ class LockResult:
     @property
     def locked_bytes(self) -> int:
         return sum(e - s for s, e in self.ranges)
-
-
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    for name in ("mlock", "munlock", "madvise"):
-        fn = getattr(libc, name)
-        fn.argtypes = (ctypes.c_void_p, ctypes.c_size_t) + ((ctypes.c_int,) if name == "madvise" else ())
-        fn.restype = ctypes.c_int
-    return libc
-
-
-def cpu_arrays(weights: ModelWeights) -> list[np.ndarray]:
-    """The host arrays of every weight still on the CPU (GPU-resident ones are skipped)."""
-    ws = [weights.token_embd, weights.output, weights.output_norm, *(w for lw in weights.layers for w in lw.values())]
-    return [w.raw for w in ws if isinstance(w.raw, np.ndarray)]
 
 
 def page_ranges(arrays: Iterable[np.ndarray]) -> list[tuple[int, int]]:
@@ -69,20 +55,20 @@ def release_pages(a: np.ndarray) -> int:
     start, end = -(-addr // PAGE) * PAGE, (addr + a.nbytes) // PAGE * PAGE
     if end <= start:
         return 0
-    return end - start if _libc().madvise(start, end - start, MADV_DONTNEED) == 0 else 0
+    return end - start if libc().madvise(start, end - start, MADV_DONTNEED) == 0 else 0
 
 
 def _fmt(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB ({n} bytes)"
+    return f"{format_size(n)} ({n} bytes)"
 
 
 def lock_ranges(ranges: list[tuple[int, int]]) -> LockResult:
     """madvise(MADV_WILLNEED) then mlock each range; on refusal unlock what was locked and say why in `message`."""
-    libc, done = _libc(), []
+    lib, done = libc(), []
     needed = sum(e - s for s, e in ranges)
     for s, e in ranges:
-        libc.madvise(s, e - s, MADV_WILLNEED)  # start the reads now; mlock then waits for them
-        if libc.mlock(s, e - s) != 0:
+        lib.madvise(s, e - s, MADV_WILLNEED)  # start the reads now; mlock then waits for them
+        if lib.mlock(s, e - s) != 0:
             err = ctypes.get_errno()
             unlock(LockResult(tuple(done), needed))
             return LockResult((), needed, _refusal(needed, err))
@@ -99,9 +85,9 @@ def _refusal(needed: int, err: int) -> str:
 
 
 def unlock(result: LockResult) -> None:
-    libc = _libc()
+    lib = libc()
     for s, e in result.ranges:
-        libc.munlock(s, e - s)
+        lib.munlock(s, e - s)
 
 
 def place_ranges(ranges: list[tuple[int, int]], mode: str) -> None:
@@ -110,20 +96,20 @@ def place_ranges(ranges: list[tuple[int, int]], mode: str) -> None:
     pol = numa.policy_for(mode)
     if pol is None:
         return
-    libc = _libc()
+    lib = libc()
     with numa.memory_policy(mode):
         for s, e in ranges:
             numa.mbind(s, e - s, *pol)
-            libc.madvise(s, e - s, MADV_WILLNEED)
+            lib.madvise(s, e - s, MADV_WILLNEED)
 
 
-def prepare_cpu_weights(weights: ModelWeights, numa_mode: str = "",
+def prepare_cpu_weights(arrays: Iterable[np.ndarray], numa_mode: str = "",
                         mlock: bool = False) -> tuple[list[str], LockResult | None]:
-    """--numa then --mlock on the CPU-resident weights. Returns the lines to show the user and the lock (None
+    """--numa then --mlock on the CPU-resident weights' arrays (ModelWeights.host_arrays()). Returns the lines to show the user and the lock (None
     when --mlock is off; its ranges empty when refused)."""
     notes = []
     note = numa.numa_note(numa_mode)
-    ranges = page_ranges(cpu_arrays(weights)) if (note or mlock) else []
+    ranges = page_ranges(arrays) if (note or mlock) else []
     if note:
         notes.append(note)
         try:

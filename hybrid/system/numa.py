@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from hybrid.system.devices import numa_nodes
+from hybrid.system.libc import libc
 from hybrid.errors import HybridError
 
 Nodes = tuple[tuple[int, tuple[int, ...]], ...]  # (node id, its cpus), as devices.numa_nodes()
@@ -35,18 +36,12 @@ def check_mode(mode: str) -> str:
     return mode
 
 
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.syscall.restype = ctypes.c_long
-    return libc
-
-
 def _syscall(name: str, *args) -> int:
     nr = _SYSCALLS.get(platform.machine(), {}).get(name)
     if nr is None:
         raise OSError(errno.ENOSYS, f"{name}: no syscall number known for {platform.machine()}")
     ctypes.set_errno(0)
-    rc = _libc().syscall(ctypes.c_long(nr), *args)
+    rc = libc().syscall(ctypes.c_long(nr), *args)
     if rc < 0:
         e = ctypes.get_errno()
         raise OSError(e, f"{name}: {os.strerror(e)}")
@@ -86,7 +81,7 @@ def mbind(addr: int, length: int, mode: int, nodes: Sequence[int], flags: int = 
 def current_node(nodes: Nodes | None = None) -> int:
     """The node of the CPU this thread runs on now."""
     nodes = nodes if nodes is not None else numa_nodes()
-    cpu = _libc().sched_getcpu()
+    cpu = libc().sched_getcpu()
     return next((n for n, cpus in nodes if cpu in cpus), nodes[0][0])
 
 
