@@ -1,6 +1,6 @@
 """Benchmark the CPU matmul kernels: per GGML type, a matvec (1 token: weight GB/s) and batched products
 (GFLOP/s = 2 * n_out * n_in * n_tok / s) on an n x n weight, best of several runs; with --baseline, the
-pre-SIMD kernels (quant_dot_legacy, quant_dot_k: float decode + dot per row) in the same run.
+pre-SIMD kernels (tests/reference: quant_dot_legacy, quant_dot_k, float decode + dot per row) in the same run.
 
 usage: python scripts/bench_matmul.py [TYPE ...] [--n 2048] [--rows N] [--tokens 64,512] [--reps 10]
                                       [--threads T] [--baseline]
@@ -15,15 +15,15 @@ import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# tests/reference by the name the tests import it under, `reference`: Numba's on-disk cache records module names
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from kernels_cpu import act_quant, quant_dot_k, quant_dot_legacy  # noqa: E402
 from kernels_cpu.matmul import KERNELS, matmul  # noqa: E402
+from reference import BASELINE_TYPES, matmul_baseline  # noqa: E402
 
 # Byte offsets of the fp16 scale fields in each block (random bytes there would give inf/NaN scales).
 SCALE_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "IQ4_NL": (0,),
                 "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,)}
-OLD_LEGACY = {"Q4_0": 0, "Q4_1": 1, "Q5_0": 2, "Q5_1": 3, "Q8_0": 4, "IQ4_NL": 5}
-OLD_K = {"Q2_K": 0, "Q3_K": 1, "Q4_K": 2, "Q5_K": 3, "Q6_K": 4, "IQ4_XS": 5}
 
 
 def random_weight(type_name, n_out, n_in, rng):
@@ -44,15 +44,7 @@ def random_weight(type_name, n_out, n_in, rng):
 
 def old_matmul(w, type_name, x, y):
     """The kernels before the SIMD rewrite (None for types they did not cover differently)."""
-    if type_name in OLD_LEGACY:
-        qs, d = act_quant.quantize_q8_0(x)
-        quant_dot_legacy.matmul_legacy(w, OLD_LEGACY[type_name], act_quant.dequantize_q8_0(qs, d), y, 16)
-    elif type_name in OLD_K:
-        qs, d, bsums = act_quant.quantize_q8_k(x)
-        quant_dot_k.matmul_k(w, OLD_K[type_name], qs, d, bsums, y, 16)
-    else:
-        return None
-    return y
+    return matmul_baseline(w, type_name, x, y) if type_name in BASELINE_TYPES else None
 
 
 def best_time(fn, reps):

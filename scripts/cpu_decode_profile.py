@@ -36,7 +36,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from hybrid.backends.cpu import CpuBackend
-    from hybrid.engine.engine import Engine, EngineParams
+    from hybrid.engine import Engine, EngineParams
     from hybrid.model.files import demo_model_path
     from hybrid.system.threads import setup_threads
 
@@ -71,7 +71,7 @@ def main() -> None:
         setattr(CpuBackend, op, wrap(op, getattr(CpuBackend, op)))
 
     def untimed_ms(fused: bool) -> float:  # the wall time per token, no op timed; fused: CpuBackend's default path
-        eng._cpu.fused = fused
+        eng.cpu.fused = fused
         cache = eng.new_cache()
         eng.eval(list(range(3, 3 + a.depth)), cache)
         eng.eval([5], cache)
@@ -85,7 +85,7 @@ def main() -> None:
         for fused in (False, True):
             walls[fused].append(untimed_ms(fused))
     fused_wall, plain_wall = statistics.median(walls[True]), statistics.median(walls[False])
-    eng._cpu.fused = False  # the breakdown below times the ops one by one
+    eng.cpu.fused = False  # the breakdown below times the ops one by one
     cache = eng.new_cache()
     eng.eval(list(range(3, 3 + a.depth)), cache)
     eng.eval([5], cache)  # compile/warm

@@ -78,7 +78,7 @@ def record_token(eng, gpu, cache, tok: int) -> list[tuple[tuple, object, int]]:
 def main() -> int:
     import cupy
 
-    from hybrid.engine.engine import Engine, EngineParams
+    from hybrid.engine import Engine, EngineParams
 
     ap = argparse.ArgumentParser()
     ap.add_argument("model", type=Path)
@@ -119,7 +119,6 @@ def main() -> int:
     groups: dict = defaultdict(list)
     for key, fn, nbytes in calls:
         groups[key].append((fn, nbytes))
-    import kernels_gpu.matmul as km
 
     rows = []
     for key, items in groups.items():
@@ -127,13 +126,6 @@ def main() -> int:
         nbytes = sum(b for _, b in items) / len(items)
         row = {"op": " ".join(map(str, key)), "calls": len(items), "us_per_call": 1e6 * t,
                "us_per_token": 1e6 * t * len(items), "GBps": nbytes / t / 1e9 if nbytes else None, "timed_as": how}
-        if key[0] == "matmul":  # A/B: the matvec loop before MV_HOIST
-            saved, km.MATVEC_DEFINES = km.MATVEC_DEFINES, (("MV_HOIST", 0),)
-            try:
-                t0, _ = time_graph([fn for fn, _ in items], reps=5)
-                row["us_per_call_no_hoist"] = 1e6 * t0
-            finally:
-                km.MATVEC_DEFINES = saved
         rows.append(row)
     # the residual adds (cupy elementwise, outside the backend): 2 per layer
     x = cupy.ones((1, eng.config.n_embd), dtype=cupy.float32)
@@ -157,11 +149,10 @@ def main() -> int:
         "graph_report": gpu.graph_report(),
     }
     print(f"\n=== decode profile: {args.model.name}, depth {args.depth}, KV {args.ctk}/{args.ctv}")
-    print(f"{'op':44s} {'calls':>5s} {'us/call':>8s} {'us/token':>9s} {'GB/s':>7s} {'old loop us/call':>16s}")
+    print(f"{'op':44s} {'calls':>5s} {'us/call':>8s} {'us/token':>9s} {'GB/s':>7s}")
     for r in rows:
         gb = f"{r['GBps']:7.0f}" if r["GBps"] else "       "
-        old = f"{r['us_per_call_no_hoist']:16.1f}" if "us_per_call_no_hoist" in r else ""
-        print(f"{r['op'][:44]:44s} {r['calls']:5d} {r['us_per_call']:8.1f} {r['us_per_token']:9.1f} {gb} {old}")
+        print(f"{r['op'][:44]:44s} {r['calls']:5d} {r['us_per_call']:8.1f} {r['us_per_token']:9.1f} {gb}")
     for k, v in summary.items():
         print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
     if args.json:

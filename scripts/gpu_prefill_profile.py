@@ -34,7 +34,7 @@ def main() -> None:
     import cupy
 
     from hybrid.backends.gpu import GpuBackend
-    from hybrid.engine.engine import Engine, EngineParams
+    from hybrid.engine import Engine, EngineParams
 
     eng = Engine.load(a.model, EngineParams(n_ctx=a.p + 16, n_batch=a.p, n_ubatch=a.p, n_gpu_layers="all"))
     toks = [(7 * i + 3) % eng.config.n_vocab for i in range(a.p)]

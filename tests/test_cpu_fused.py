@@ -10,7 +10,7 @@ import pytest
 
 from hybrid.model.arch.blocks import layer_forward
 from hybrid.backends.cpu_fused import ffn_fusable, fusable
-from hybrid.engine.engine import Engine, EngineParams
+from hybrid.engine import Engine, EngineParams
 from hybrid.tools.synth.model import make_model
 from kernels_cpu.matmul import GEMM_MIN_TOKENS
 from kernels_cpu.norm import SERIAL_MAX_ELEMS
@@ -23,7 +23,7 @@ def _engine(tmp_path, arch, mix="Q4_K_M", n_embd=None, **kw) -> Engine:
 
 
 def _run(eng: Engine, fused: bool, steps: list[list[int]]) -> list[np.ndarray]:
-    eng._cpu.fused = fused
+    eng.cpu.fused = fused
     cache = eng.new_cache()
     return [np.asarray(eng.eval(tokens, cache)) for tokens in steps]
 
@@ -48,7 +48,7 @@ def test_fused_equals_op_by_op(tmp_path, arch, mix, kv, n_embd):
     calls = {"attention": 0, "ffn": 0}
 
     def counted(name):
-        real = getattr(eng._cpu._fused, name)
+        real = getattr(eng.cpu._fused, name)
 
         def run(*a, **k):
             out = real(*a, **k)
@@ -56,7 +56,7 @@ def test_fused_equals_op_by_op(tmp_path, arch, mix, kv, n_embd):
             return out
         return run
 
-    eng._cpu._fused.attention, eng._cpu._fused.ffn = counted("attention"), counted("ffn")
+    eng.cpu._fused.attention, eng.cpu._fused.ffn = counted("attention"), counted("ffn")
     fused = _run(eng, True, STEPS)
     n = len(STEPS) * eng.config.n_layer  # every layer of every step took the fused path (MoE: its attention)
     assert calls == {"attention": n, "ffn": 0 if eng.spec.moe else n}
@@ -78,6 +78,6 @@ def test_fused_declines_where_it_has_no_form(tmp_path):
     assert not fusable(llama.spec, lw, GEMM_MIN_TOKENS)  # batches go through the float GEMM op by op
     assert not fusable(llama.spec, lw, 0)
     x = np.zeros((1, llama.config.n_embd), dtype=np.float32)
-    llama._cpu.fused = True
+    llama.cpu.fused = True
     with pytest.raises(ValueError, match="positions must lie in"):
-        layer_forward(llama._cpu, llama.spec, llama.config, lw, 0, x, np.array([96], np.int32), llama.new_cache())
+        layer_forward(llama.cpu, llama.spec, llama.config, lw, 0, x, np.array([96], np.int32), llama.new_cache())

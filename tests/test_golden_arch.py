@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybrid.engine.engine import Engine, EngineParams
+from hybrid.engine import Engine, EngineParams
 from hybrid.generate.sampling import log_softmax
 
 # (top-1 agreement >=, median KL <). The bounds were 0.995/1e-4 (llama-f16), 0.97/1e-3 (other f16),

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from hybrid.engine.engine import Engine, EngineParams
+from hybrid.engine import Engine, EngineParams
 from hybrid.tools.perplexity import chunk_tokens, perplexity
 from hybrid.generate.sampling import log_softmax
 

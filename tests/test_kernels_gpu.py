@@ -588,7 +588,7 @@ def test_engine_layers_gpu_vs_cpu(tmp_path, arch, wtype):
     from gguf_factory import tiny_model, write_gguf
 
     from hybrid.backends.gpu import GpuBackend
-    from hybrid.engine.engine import Engine, EngineParams
+    from hybrid.engine import Engine, EngineParams
 
     md, ts = tiny_model(arch, n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, weight_type=wtype)
     rng = np.random.default_rng(37)
@@ -614,7 +614,7 @@ def test_engine_offload_all_layers(tmp_path):
     """Engine.load with -ngl all (placement + upload by the engine) agrees with the CPU-only engine."""
     from gguf_factory import tiny_model, write_gguf
 
-    from hybrid.engine.engine import Engine, EngineParams
+    from hybrid.engine import Engine, EngineParams
 
     md, ts = tiny_model("qwen3", n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, weight_type="F32")
     path = write_gguf(tmp_path / "q3.gguf", md, ts)

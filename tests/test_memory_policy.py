@@ -16,7 +16,7 @@ import pytest
 from gguf_io import open_gguf
 from hybrid.system import numa
 from hybrid.system.devices import numa_nodes
-from hybrid.engine.engine import Engine, EngineParams
+from hybrid.engine import Engine, EngineParams
 from hybrid.system.memlock import PAGE, lock_ranges, page_ranges, prepare_cpu_weights, unlock
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ import pytest
 
 from hybrid.backends.cpu import CpuBackend
 from hybrid.system.devices import probe_gpus
-from hybrid.backends.op_offload import (MATRIX_ORDER, OP_OFFLOAD_MIN_BATCH, STREAM_PIECE_MAX_BYTES, STREAM_SLOTS, OpOffload,
-                            op_offload_bytes, row_pieces, slot_bytes, stream_order, wants_offload)
+from hybrid.backends.op_offload import MATRIX_ORDER, OP_OFFLOAD_MIN_BATCH, OpOffload, stream_order, wants_offload
+from hybrid.plan.budget import STREAM_PIECE_MAX_BYTES, STREAM_SLOTS, op_offload_bytes, row_pieces, slot_bytes
 from hybrid.plan.placement import GPU_OVERHEAD_BYTES
 from hybrid.tools.synth.model import ModelShape, make_model
 from hybrid.model.weights import Weight
@@ -169,16 +169,17 @@ def test_op_offload_releases_the_slot_on_error():
 
 
 def test_cli_flag_turns_it_off():
-    from hybrid.cli.session import system_params
+    from hybrid.cli.options import engine_params
 
-    assert system_params(None, False, False, None, None)["op_offload"] is True
-    assert system_params(None, False, False, None, None, no_op_offload=True)["op_offload"] is False
+    assert engine_params({"no_op_offload": False}).op_offload is True
+    assert engine_params({"no_op_offload": True}).op_offload is False
+    assert engine_params({}).op_offload is False  # a library caller (EngineParams()) stays on the CPU
 
 
 @pytest.mark.skipif(has_gpu(), reason="the GPU tests below cover a machine with a GPU")
 def test_no_gpu_means_no_offload(tmp_path):
     pytest.importorskip("numba")
-    from hybrid.engine.engine import Engine, EngineParams
+    from hybrid.engine import Engine, EngineParams
 
     path = tmp_path / "llama.gguf"
     make_model(path, "llama", SHAPE, "F16", seed=3, threads=1)
@@ -230,7 +231,7 @@ def test_streamed_matmul_equals_resident(models, mix, max_piece, direct):
     import cupy
 
     from hybrid.backends.gpu import GpuBackend
-    from hybrid.engine.engine import Engine, EngineParams
+    from hybrid.engine import Engine, EngineParams
     from kernels_gpu.transfer import WeightStream
 
     eng = Engine.load(models("llama", mix), EngineParams(n_ctx=64, repack=False))  # the file's layout, as streamed
@@ -267,7 +268,7 @@ def test_streamed_matmul_equals_resident(models, mix, max_piece, direct):
 def test_prefill_with_op_offload_matches_without(models, arch, ngl):
     """96 tokens in micro-batches of 32 (each offloaded, the later ones attending to the host cache), then 40
     more over that cache: the same log-probs at every position as the CPU layers' own prefill (F16)."""
-    from hybrid.engine.engine import Engine, EngineParams
+    from hybrid.engine import Engine, EngineParams
 
     path = models(arch)
     seq = np.random.default_rng(7).integers(1, SHAPE.n_vocab, 136)
@@ -297,7 +298,7 @@ def test_prefill_with_op_offload_matches_without(models, arch, ngl):
 @pytest.mark.gpu
 @gpu_only
 def test_op_offload_is_counted_in_the_budget(models):
-    from hybrid.engine.engine import Engine, EngineParams
+    from hybrid.engine import Engine, EngineParams
     from hybrid.errors import PlacementError
 
     path = models("llama")

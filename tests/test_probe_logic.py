@@ -8,6 +8,7 @@ import math
 import pytest
 
 from hybrid.errors import HybridError, PlacementError
+from hybrid.plan.budget import PlanInputs
 from hybrid.plan.placement import plan
 from hybrid.plan.probe import (DEFAULT_MARGIN_BYTES, bisect_ceiling, find_ceiling, kv_type_table, predict_max_ngl,
                           recommend)
@@ -82,7 +83,7 @@ def test_probe_against_an_allocator_with_less_memory_than_reported():
     """The device says 8 GiB are free, but only 7.3 GiB can be allocated: the search finds the truth."""
     cfg, ts = model(LLAMA_8B)
     n_ctx = 32768
-    predicted = predict_max_ngl(cfg, ts, 8 * GiB, n_ctx)
+    predicted = predict_max_ngl(cfg, ts, 8 * GiB, PlanInputs(n_ctx=n_ctx))
     real = 8 * GiB - 700 * MiB
     calls = []
 
@@ -100,15 +101,15 @@ def test_probe_against_an_allocator_with_less_memory_than_reported():
 # -- prediction, recommendation, KV types ------------------------------------------------------------------
 def test_predict_max_ngl_matches_the_plan():
     cfg, ts = model(LLAMA_8B)
-    p = predict_max_ngl(cfg, ts, 6 * GiB, 32768)
+    p = predict_max_ngl(cfg, ts, 6 * GiB, PlanInputs(n_ctx=32768))
     auto = plan(cfg, ts, 6 * GiB, "auto", 32768)
     assert p.ngl == auto.n_gpu_layers and p.gpu_bytes == auto.gpu_total_bytes and p.n_offloadable == 33
     assert p.next_gpu_bytes > 6 * GiB >= p.gpu_bytes
-    m = predict_max_ngl(cfg, ts, 6 * GiB, 32768, margin=GiB)
+    m = predict_max_ngl(cfg, ts, 6 * GiB, PlanInputs(n_ctx=32768), GiB)
     assert m.ngl == plan(cfg, ts, 5 * GiB, "auto", 32768).n_gpu_layers < p.ngl and m.margin_bytes == GiB
-    assert predict_max_ngl(cfg, ts, 64 * GiB, 4096).next_gpu_bytes is None
-    assert predict_max_ngl(cfg, ts, 0, 4096).ngl == 0
-    assert predict_max_ngl(cfg, ts, 6 * GiB, 32768, "q8_0", "q8_0").ngl >= p.ngl
+    assert predict_max_ngl(cfg, ts, 64 * GiB, PlanInputs(n_ctx=4096)).next_gpu_bytes is None
+    assert predict_max_ngl(cfg, ts, 0, PlanInputs(n_ctx=4096)).ngl == 0
+    assert predict_max_ngl(cfg, ts, 6 * GiB, PlanInputs(n_ctx=32768, type_k="q8_0", type_v="q8_0")).ngl >= p.ngl
 
 
 def test_recommend_leaves_the_margin():
@@ -118,12 +119,12 @@ def test_recommend_leaves_the_margin():
     def plan_fn(n: int):
         return plan(cfg, ts, budget, n, n_ctx)
 
-    ceiling = predict_max_ngl(cfg, ts, budget, n_ctx).ngl
+    ceiling = predict_max_ngl(cfg, ts, budget, PlanInputs(n_ctx=n_ctx)).ngl
     r = recommend(ceiling, plan_fn)
     assert r.margin_bytes == DEFAULT_MARGIN_BYTES == GiB and r.limited_by == "margin"
     assert r.ngl < ceiling and r.headroom_bytes >= GiB and r.gpu_bytes == plan_fn(r.ngl).gpu_total_bytes
     assert plan_fn(r.ngl + 1).headroom_bytes < GiB
-    assert r.ngl == predict_max_ngl(cfg, ts, budget, n_ctx, margin=GiB).ngl
+    assert r.ngl == predict_max_ngl(cfg, ts, budget, PlanInputs(n_ctx=n_ctx), GiB).ngl
     # a measured ceiling below the margin's limit wins
     low = recommend(5, plan_fn)
     assert low.ngl == 5 and low.limited_by == "ceiling"
@@ -138,7 +139,7 @@ def test_recommend_leaves_the_margin():
 @pytest.mark.parametrize("shape", [LLAMA_8B, QWEN_32B], ids=["8B", "32B"])
 def test_kv_type_table(shape):
     cfg, ts = model(shape)
-    rows = kv_type_table(cfg, ts, 24 * GiB, 32768)
+    rows = kv_type_table(cfg, ts, 24 * GiB, PlanInputs(n_ctx=32768))
     assert [r.type_k for r in rows] == ["f16", "q8_0", "q4_0"] and all(r.type_v == r.type_k for r in rows)
     f16, q8, q4 = rows
     assert f16.kv_bytes == cfg.n_layer * 32768 * cfg.n_head_kv * 128 * 2 * 2
@@ -191,13 +192,13 @@ def test_placement_error_is_a_hybrid_error():
 # -- probe_ngl: the one chain shared by `hybrid probe` and `-ngl auto` ----------------------------------------
 def test_probe_ngl_against_a_fake_allocator():
     """prediction -> attempts (each recorded, in order) -> recommendation; a dry run is the prediction alone."""
-    from hybrid.engine.engine import EngineParams
+    from hybrid.engine import EngineParams
     from hybrid.engine.fit import FitAttempt, probe_ngl
 
     cfg, ts = model(LLAMA_8B)
-    params = EngineParams(32768, 512, 512, "q8_0", "q8_0")
+    params = EngineParams(n_ctx=32768, n_batch=512, n_ubatch=512, type_k="q8_0", type_v="q8_0")
     budget = 6 * GiB
-    truth = predict_max_ngl(cfg, ts, budget, 32768, "q8_0", "q8_0", swa_full=True).ngl + 2  # the device fits more
+    truth = predict_max_ngl(cfg, ts, budget, PlanInputs(n_ctx=32768, type_k="q8_0", type_v="q8_0")).ngl + 2  # the device fits more
     fake = FakeAllocator(truth)
     seen = []
     r = probe_ngl(cfg, ts, params, budget, GiB, lambda n: FitAttempt(n, fake(n), 0, seconds=0.5), seen.append)

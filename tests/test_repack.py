@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybrid.engine.engine import Engine, EngineParams
+from hybrid.engine import Engine, EngineParams
 from hybrid.backends.repack import LAYOUTS, repack_weights
 from hybrid.tools.synth.model import make_model
 from kernels_cpu import drop_stale_cache, legacy_x8, q4_k_x8, vec_dot_legacy

@@ -22,7 +22,7 @@ cupy = pytest.importorskip("cupy")
 pytest.importorskip("numba")
 
 import hybrid.model.arch.blocks as blocks  # noqa: E402
-from hybrid.engine.engine import Engine, EngineParams  # noqa: E402
+from hybrid.engine import Engine, EngineParams  # noqa: E402
 from hybrid.tools.synth.model import ModelShape, make_model  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -1,10 +1,10 @@
 """Op offload (llama.cpp's default; --no-op-offload turns it off): a micro-batch of >= OP_OFFLOAD_MIN_BATCH
 tokens runs the CPU-resident layers on the GPU, their weights streamed from host memory for the batch.
 
-Only the KV cache of those layers stays where it is, in host memory (hybrid/backend_offload.py). The matrices
+Only the KV cache of those layers stays where it is, in host memory (hybrid/backends/offload.py). The matrices
 go through a WeightStream (kernels_gpu.transfer): a ring of STREAM_SLOTS device slots filled ahead of their use
 from pinned chunks, in the order the layers use them (`stream_order`); a matrix larger than a slot streams in
-row pieces. Here: the decision, that order, the sizes (what the plan must reserve), and OpOffload, which swaps
+row pieces. Here: the decision, that order, and OpOffload (the sizes the plan reserves are in hybrid/plan/budget.py), which swaps
 the CPU layers of a batch for the offload backend and hands out the streamed pieces.
 """
 
@@ -21,14 +21,12 @@ from gguf_io import ModelConfig
 from hybrid.backends.cpu import CpuBackend
 from hybrid.backends.offload import OffloadBackend
 from hybrid.errors import PlacementError
-from hybrid.plan.placement import GPU_OVERHEAD_BYTES, kv_bytes_per_cell, scratch_bytes
-from hybrid.system.sizes import MiB, format_size
+from hybrid.plan.budget import STREAM_SLOTS, op_offload_bytes, row_pieces, slot_bytes
+from hybrid.system.sizes import format_size
 from hybrid.model.weights import Weight
 
 OP_OFFLOAD_MIN_BATCH = 32  # llama.cpp: ggml-cuda's offload_op takes ops of >= 32 tokens (min_batch_size)
-STREAM_SLOTS = 3  # device slots: one read by the kernels, one being filled, one spare for the copy to run ahead
-STREAM_PIECE_MAX_BYTES = 64 * MiB  # a slot's size at most; larger matrices (an output layer) stream in row pieces
-# The order the shared blocks (hybrid/arch/blocks.py) multiply a layer's matrices; others follow in dict order.
+# The order the shared blocks (hybrid/model/arch/blocks.py) multiply a layer's matrices; others follow in dict order.
 MATRIX_ORDER = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_inp", "ffn_gate", "ffn_up", "ffn_down",
                 "output")
 
@@ -38,55 +36,11 @@ def wants_offload(n_tokens: int, min_batch: int = OP_OFFLOAD_MIN_BATCH) -> bool:
     return n_tokens >= min_batch
 
 
-def row_pieces(n_rows: int, row_bytes: int, max_bytes: int = STREAM_PIECE_MAX_BYTES) -> list[tuple[int, int]]:
-    """Row ranges [r0, r1) of a matrix, each of at most max_bytes (at least one row)."""
-    rows = max(1, max_bytes // max(1, row_bytes))
-    return [(r, min(n_rows, r + rows)) for r in range(0, n_rows, rows)]
-
-
 def stream_order(lw: Mapping[str, Weight]) -> list[str]:
     """The keys of lw's 2-D matrices in the order the blocks use them. 3-D expert tensors are left out: which
     experts a batch needs is known only after routing (they are uploaded when asked for)."""
     mats = [k for k, w in lw.items() if w.raw.ndim == 2]
     return [k for k in MATRIX_ORDER if k in mats] + [k for k in mats if k not in MATRIX_ORDER]
-
-
-def slot_bytes(tensors: Mapping, max_piece: int = STREAM_PIECE_MAX_BYTES) -> int:
-    """One slot: the largest streamed piece of any 2-D tensor in `tensors` (objects with .shape and .nbytes)."""
-    best = 0
-    for t in tensors.values():
-        if len(t.shape) == 2 and t.shape[0] > 0:
-            row = t.nbytes // t.shape[0]
-            r0, r1 = row_pieces(t.shape[0], row, max_piece)[0]
-            best = max(best, (r1 - r0) * row)
-    return best
-
-
-def op_offload_bytes(config: ModelConfig, tensors: Mapping, n_ctx: int, n_ubatch: int, type_k: str = "f16",
-                     type_v: str = "f16", flash_attn: bool = True, n_gpu_layers: int = 2) -> int:
-    """VRAM op offload needs beyond the plan of -ngl n_gpu_layers: STREAM_SLOTS slots, one layer's KV cache
-    uploaded for attention, the 1-D weights (norms, biases; uploaded once), one MoE expert matrix (uploaded when
-    asked for), and the compute buffers of a layer and the output layer on the GPU where that plan lacks them:
-    all of them and the fixed overhead at -ngl 0 (nothing is on the GPU), a layer's at -ngl 1 (the output only)."""
-    vectors = sum(t.nbytes for t in tensors.values() if len(t.shape) == 1)
-    expert = max((t.nbytes // t.shape[0] for t in tensors.values() if len(t.shape) == 3 and t.shape[0]), default=0)
-    need = STREAM_SLOTS * slot_bytes(tensors) + n_ctx * kv_bytes_per_cell(config, type_k, type_v) + vectors + expert
-    ngl = max(0, min(2, n_gpu_layers))
-    need += (scratch_bytes(config, n_ctx, n_ubatch, flash_attn, 2).total
-             - scratch_bytes(config, n_ctx, n_ubatch, flash_attn, ngl).total)
-    return need + (GPU_OVERHEAD_BYTES if ngl == 0 else 0)
-
-
-def gpu_overhead_bytes(config: ModelConfig, tensors: Mapping, n_ctx: int, n_ubatch: int, type_k: str, type_v: str,
-                       flash_attn: bool, op_offload: bool, n_gpu_layers: int | str) -> int:
-    """The plan's overhead_bytes for -ngl n_gpu_layers (an int, "auto" or "all"): GPU_OVERHEAD_BYTES, plus op
-    offload's buffers when it is on and layers stay on the CPU ("auto" counts as a split). One function for the
-    engine's plan, the probe's prediction and the memory its measurements keep outside the pool, so that a
-    measured ceiling is a plan `hybrid run` accepts."""
-    if not op_offload or n_gpu_layers == "all" or (isinstance(n_gpu_layers, int) and n_gpu_layers > config.n_layer):
-        return GPU_OVERHEAD_BYTES
-    ngl = 2 if n_gpu_layers == "auto" else int(n_gpu_layers)
-    return GPU_OVERHEAD_BYTES + op_offload_bytes(config, tensors, n_ctx, n_ubatch, type_k, type_v, flash_attn, ngl)
 
 
 class OpOffload:

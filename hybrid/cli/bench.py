@@ -8,19 +8,20 @@ import io
 import itertools
 import json
 import sys
+from dataclasses import replace
 from typing import Annotated, Optional
 
 import typer
 
 from hybrid.tools.bench import BenchResult, run_bench, tests_from
 from hybrid.system.devices import probe_machine
-from hybrid.engine.engine import EngineParams
+from hybrid.engine.params import EngineParams
 from hybrid.tools.info import model_type
 
 from hybrid.system.sizes import format_size
 from hybrid.cli.common import fmt_count
-from hybrid.cli.options import CpuMaskOpt, CpuRangeOpt, MlockOpt, NoMmapOpt, NumaOpt
-from hybrid.cli.session import load_engine, note, system_params
+from hybrid.cli.options import SYSTEM_FLAGS, engine_flags
+from hybrid.cli.session import load_engine, note
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -34,6 +35,7 @@ def _strs(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
+@engine_flags(*SYSTEM_FLAGS)
 def bench(
     model: Annotated[Optional[str], typer.Option("-m", "--model", help="GGUF model (default: the demo model).")] = None,
     n_prompt: Annotated[str, typer.Option("-p", "--n-prompt", help="Prompt lengths to test (pp), comma-separated.")] = "512",
@@ -54,11 +56,7 @@ def bench(
                                            "offload; comma-separated to compare).")] = "0",
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed repetitions per test.")] = 5,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, json, csv.")] = "md",
-    numa: NumaOpt = None,
-    mlock: MlockOpt = False,
-    no_mmap: NoMmapOpt = False,
-    cpu_mask: CpuMaskOpt = None,
-    cpu_range: CpuRangeOpt = None,
+    params: EngineParams = EngineParams(),
 ) -> None:
     """Benchmark prompt processing (pp) and generation (tg) speed, like llama-bench; lists sweep every combination."""
     if output not in ("md", "json", "csv"):
@@ -72,14 +70,13 @@ def bench(
     tests = tests_from(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), pairs)
     if not tests:
         raise typer.BadParameter("nothing to run: give -p, -n or -pg with values > 0")
-    sysp = system_params(numa, mlock, no_mmap, cpu_mask, cpu_range)
     machine = probe_machine()
     rows: list[dict] = []
     combos = itertools.product(_ints(ngl, "-ngl"), _strs(ctk), _strs(ctv), _ints(fa, "-fa"), _ints(batch, "-b"),
                                _ints(ubatch, "-ub"), _ints(threads, "-t"), _ints(nopo, "-nopo"), _ints(no_repack, "-nr"))
     for n_gl, tk, tv, fa_on, b, ub, t, po_off, nr in combos:
-        params = EngineParams(4096, b, ub, tk, tv, t, **{**sysp, "op_offload": not po_off, "repack": not nr})
-        engine, _ = load_engine(model, params, str(n_gl))
+        engine, _ = load_engine(model, replace(params, n_ctx=4096, n_batch=b, n_ubatch=ub, type_k=tk, type_v=tv,
+                                               n_threads=t, n_gpu_layers=n_gl, op_offload=not po_off, repack=not nr))
         import numba  # noqa: PLC0415 - the thread count in effect
 
         n_threads = numba.get_num_threads()

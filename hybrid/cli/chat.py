@@ -6,7 +6,8 @@ import sys
 
 from hybrid.text.chat_template import choose_template
 from hybrid.generate.chat import ChatSession
-from hybrid.engine.engine import Engine, Timings
+from hybrid.engine.engine import Engine
+from hybrid.generate.timings import Timings
 from hybrid.generate.sampling import SamplingParams
 from hybrid.text.stream import TextStream
 

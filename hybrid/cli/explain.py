@@ -7,26 +7,34 @@ from rich.table import Table
 
 from gguf_io import ModelConfig
 from hybrid.system.devices import probe_gpus
-from hybrid.plan.placement import PlacementPlan, plan
+from hybrid.engine.params import EngineParams
+from hybrid.plan.budget import plan_for
 from hybrid.plan.explain import plan_rows
-from hybrid.system.sizes import format_size, parse_size
+from hybrid.plan.placement import PlacementPlan
+from hybrid.system.sizes import format_size
 
 from hybrid.cli.common import open_model
 
 
-def explain_plan(model: str | None, ngl: str, n_ctx: int, type_k: str, type_v: str, n_ubatch: int,
-                 vram_budget: str | None) -> PlacementPlan:
-    """The plan `hybrid run` would use; pure arithmetic when --vram-budget is given (no GPU needed)."""
-    if vram_budget:
-        budget = parse_size(vram_budget)
-    else:
+def explain_plan(model: str | None, params: EngineParams) -> PlacementPlan:
+    """The plan `hybrid run` with these flags uses (plan_for, as the engine and the probe call it); pure
+    arithmetic when --vram-budget is given (no GPU needed)."""
+    budget = params.vram_budget
+    if budget is None:
         gpus, _ = probe_gpus()
         budget = gpus[0].free_bytes if gpus else None
     with open_model(model) as f:
         config = ModelConfig.from_gguf(f)
-        n = ngl if ngl in ("auto", "all") else int(ngl)
-        return plan(config, f.tensors, budget, n, n_ctx or config.n_ctx_train, type_k, type_v, n_ubatch,
-                    swa_full=True)
+        return plan_for(config, f.tensors, budget, params.n_gpu_layers,
+                        params.plan_inputs(params.n_ctx or config.n_ctx_train))
+
+
+def plan_json(p: PlacementPlan) -> dict:
+    """The plan's totals and per-layer devices, for --explain --json."""
+    return {"n_gpu_layers": p.n_gpu_layers, "n_offloadable": p.n_layer + 1, "budget_bytes": p.budget_bytes,
+            "gpu_total_bytes": p.gpu_total_bytes, "cpu_total_bytes": p.cpu_total_bytes,
+            "gpu_kv_bytes": p.gpu_kv_bytes, "gpu_scratch_bytes": p.gpu_scratch_bytes,
+            "headroom_bytes": p.headroom_bytes, "devices": [lp.device for lp in p.layers] + [p.output.device]}
 
 
 def render_plan(p: PlacementPlan, console: Console | None = None) -> None:

@@ -1,10 +1,23 @@
-"""Typer option declarations shared by run/chat/perplexity/bench (llama.cpp's flag names)."""
+"""Every option shared by more than one command, declared once (llama.cpp's flag names), and `engine_flags`,
+which gives a command the loading flags it names and hands it one EngineParams built from them.
+
+A new loading flag: its Annotated declaration here, one entry in ENGINE_FLAGS, one field of EngineParams."""
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Optional
 
 import typer
+
+from hybrid.engine.params import EngineParams
+from hybrid.errors import HybridError
+from hybrid.system.numa import check_mode as check_numa_mode
+from hybrid.system.sizes import parse_size
+from hybrid.system.threads import select_cpus
 
 CtxOpt = Annotated[int, typer.Option("-c", "--ctx-size", help="Context size in tokens (0 = the model's training context).")]
 BatchOpt = Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch: prompt tokens per eval call.")]
@@ -66,3 +79,71 @@ CpuRangeOpt = Annotated[
     Optional[str],
     typer.Option("-Cr", "--cpu-range", help="CPUs the threads may use, as LO-HI (0-3); with -C, their union."),
 ]
+
+
+@dataclass(frozen=True)
+class Flag:
+    annotation: Any  # one of the Annotated declarations above
+    default: Any
+    to_fields: Callable[[Any], dict]  # the flag's value -> EngineParams fields
+
+
+def _cpus(values: dict) -> dict:
+    return {"cpus": select_cpus(values.get("cpu_mask"), values.get("cpu_range"))}
+
+
+ENGINE_FLAGS: dict[str, Flag] = {
+    "ctx": Flag(CtxOpt, 4096, lambda v: {"n_ctx": v}),
+    "batch": Flag(BatchOpt, 2048, lambda v: {"n_batch": v}),
+    "ubatch": Flag(UBatchOpt, 512, lambda v: {"n_ubatch": v}),
+    "threads": Flag(ThreadsOpt, 0, lambda v: {"n_threads": v}),
+    "ctk": Flag(CtkOpt, "f16", lambda v: {"type_k": v}),
+    "ctv": Flag(CtvOpt, "f16", lambda v: {"type_v": v}),
+    "ngl": Flag(NglOpt, "0", lambda v: {"n_gpu_layers": v}),
+    "vram_budget": Flag(VramBudgetOpt, None, lambda v: {"vram_budget": parse_size(v) if v else None}),
+    "numa": Flag(NumaOpt, None, lambda v: {"numa": check_numa_mode(v or "")}),
+    "mlock": Flag(MlockOpt, False, lambda v: {"use_mlock": v}),
+    "no_mmap": Flag(NoMmapOpt, False, lambda v: {"use_mmap": not v}),
+    "no_op_offload": Flag(NoOpOffloadOpt, False, lambda v: {"op_offload": not v}),
+    "no_repack": Flag(NoRepackOpt, False, lambda v: {"repack": not v}),
+    "cpu_mask": Flag(CpuMaskOpt, None, lambda v: {}),  # with cpu_range, in _cpus
+    "cpu_range": Flag(CpuRangeOpt, None, lambda v: {}),
+}
+LOAD_FLAGS = tuple(ENGINE_FLAGS)  # all of them: run, chat, perplexity
+SYSTEM_FLAGS = ("numa", "mlock", "no_mmap", "cpu_mask", "cpu_range")  # what bench does not sweep
+
+
+def engine_params(values: dict[str, Any]) -> EngineParams:
+    """EngineParams from flag values by name (usage errors raised as typer.BadParameter)."""
+    fields: dict = {}
+    try:
+        for name, value in values.items():
+            fields.update(ENGINE_FLAGS[name].to_fields(value))
+        if "cpu_mask" in values or "cpu_range" in values:
+            fields.update(_cpus(values))
+        return EngineParams(**fields)
+    except HybridError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def engine_flags(*names: str, **defaults: Any) -> Callable:
+    """Decorator: the command gains the flags `names` (after its own options, defaults overridden by
+    `defaults`) and receives them as one `params: EngineParams` argument instead."""
+
+    def decorate(fn: Callable) -> Callable:
+        sig = inspect.signature(fn, eval_str=True)
+        own = [p for p in sig.parameters.values() if p.name != "params"]
+        added = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=defaults.get(n, ENGINE_FLAGS[n].default),
+                                   annotation=ENGINE_FLAGS[n].annotation) for n in names]
+
+        @functools.wraps(fn)
+        def command(**kwargs: Any) -> Any:
+            values = {n: kwargs.pop(n, defaults.get(n, ENGINE_FLAGS[n].default)) for n in names}
+            return fn(params=engine_params(values), **kwargs)
+
+        params = own + added
+        command.__signature__ = sig.replace(parameters=params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        return command
+
+    return decorate

@@ -3,38 +3,26 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Annotated
 
 import typer
 
-from hybrid.engine.engine import EngineParams
+from hybrid.engine.params import EngineParams
 from hybrid.tools.perplexity import chunk_tokens, perplexity as run_perplexity
 
 from hybrid.cli.common import ModelArg
-from hybrid.cli.options import (BatchOpt, CpuMaskOpt, CpuRangeOpt, CtkOpt, CtvOpt, CtxOpt, MlockOpt, NglOpt, NoMmapOpt,
-                      NoOpOffloadOpt, NoRepackOpt, NumaOpt, ThreadsOpt, UBatchOpt)
-from hybrid.cli.session import load_engine, note, system_params
+from hybrid.cli.options import LOAD_FLAGS, engine_flags
+from hybrid.cli.session import load_engine, note
 
 
+@engine_flags(*LOAD_FLAGS, ctx=512)
 def perplexity(
     model: ModelArg = None,
     file: Annotated[str, typer.Option("-f", "--file", help="The text to score.")] = ...,
-    ctx: CtxOpt = 512,
-    batch: BatchOpt = 2048,
-    ubatch: UBatchOpt = 512,
     chunks: Annotated[int, typer.Option("--chunks", help="Score at most this many chunks (-1 = all).")] = -1,
-    threads: ThreadsOpt = 0,
-    ctk: CtkOpt = "f16",
-    ctv: CtvOpt = "f16",
-    ngl: NglOpt = "0",
-    numa: NumaOpt = None,
-    mlock: MlockOpt = False,
-    no_mmap: NoMmapOpt = False,
-    no_op_offload: NoOpOffloadOpt = False,
-    no_repack: NoRepackOpt = False,
-    cpu_mask: CpuMaskOpt = None,
-    cpu_range: CpuRangeOpt = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with ppl, ppl_stderr, running values.")] = False,
+    params: EngineParams = EngineParams(),
 ) -> None:
     """Perplexity of a text, as llama-perplexity computes it: chunks of -c tokens, each from an empty cache with
     its first token replaced by BOS, the second half of each chunk scored."""
@@ -43,9 +31,9 @@ def perplexity(
     text = raw.decode("utf-8", errors="replace")
     if text.endswith("\n"):
         text = text[:-1]  # llama.cpp's -f drops one trailing newline
-    engine, _ = load_engine(model, EngineParams(ctx, max(batch, ctx), min(ubatch, max(batch, ctx)), ctk, ctv, threads,
-                                                   **system_params(numa, mlock, no_mmap, cpu_mask, cpu_range,
-                                                                   no_op_offload, no_repack)), ngl)
+    ctx = params.n_ctx
+    batch = max(params.n_batch, ctx)  # a chunk is one eval call, as llama-perplexity's n_batch >= n_ctx
+    engine, _ = load_engine(model, replace(params, n_batch=batch, n_ubatch=min(params.n_ubatch, batch)))
     tok = engine.tokenizer
     tokens = tok.encode(text, add_special=True, parse_special=False)
     chunk_list = chunk_tokens(tokens, ctx, tok.bos_id, chunks)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import replace
 from functools import partial
 from typing import Annotated, Optional
 
@@ -15,44 +16,41 @@ from rich.table import Table
 
 from gguf_io import ModelConfig
 from hybrid.system.devices import probe_gpus, probe_machine
-from hybrid.engine.engine import Engine, EngineParams
+from hybrid.engine.engine import Engine
+from hybrid.engine.params import EngineParams
 from hybrid.errors import DeviceUnavailable, HybridError
 from hybrid.kv.types import check_kv_types
 from hybrid.model.files import resolve_model
-from hybrid.plan.placement import plan
+from hybrid.plan.budget import plan_for
 from hybrid.plan.probe import DEFAULT_MARGIN_BYTES, kv_type_table
-from hybrid.engine.fit import probe_ngl, probe_overhead_bytes, try_fit
+from hybrid.engine.fit import probe_ngl, try_fit
 from hybrid.plan.checks import gpu_link_checks, mlock_check, numa_check, thread_sweep, threads_check
 from hybrid.system.sizes import format_size, parse_size
 
 from hybrid.cli.common import ModelArg, cache_dir
-from hybrid.cli.options import CtkOpt, CtvOpt, CtxOpt, NoOpOffloadOpt, UBatchOpt, VramBudgetOpt
+from hybrid.cli.options import engine_flags
 from hybrid.cli.session import note
 
 
+@engine_flags("ctx", "ctk", "ctv", "ubatch", "vram_budget", "no_op_offload")
 def probe(
     model: ModelArg = None,
-    ctx: CtxOpt = 4096,
-    ctk: CtkOpt = "f16",
-    ctv: CtvOpt = "f16",
-    ubatch: UBatchOpt = 512,
-    vram_budget: VramBudgetOpt = None,
-    no_op_offload: NoOpOffloadOpt = False,
     margin: Annotated[Optional[str], typer.Option("--margin", help="Headroom to leave below the ceiling (default 1GiB).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only the predicted plan: no GPU needed (give --vram-budget).")] = False,
     fast: Annotated[bool, typer.Option("--fast", help="Skip the measured thread sweep.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print everything as one JSON object.")] = False,
+    params: EngineParams = EngineParams(),
 ) -> None:
     """Find the OOM ceiling: the most layers (-ngl) that fit, predicted from the plan and measured on the GPU by
     allocating and running each candidate; then recommend -ngl with headroom, a KV type, -t, --mlock, --numa."""
-    check_kv_types(ctk, ctv)  # as `hybrid run` would: a one-line error, before any planning
+    ctk, ctv, ubatch = check_kv_types(params.type_k, params.type_v) + (params.n_ubatch,)  # before any planning
     margin_bytes = parse_size(margin) if margin else DEFAULT_MARGIN_BYTES
     path = resolve_model(model, cache_dir())
-    if dry_run and not vram_budget:
+    if dry_run and params.vram_budget is None:
         raise HybridError("--dry-run predicts against a budget: give --vram-budget SIZE (e.g. --vram-budget 24GiB)")
     gpus, why = probe_gpus() if not dry_run else ((), "dry run")
-    if vram_budget:
-        budget = parse_size(vram_budget)
+    if params.vram_budget is not None:
+        budget = params.vram_budget
     elif gpus:
         budget = gpus[0].free_bytes
     else:
@@ -63,16 +61,14 @@ def probe(
 
     with open_gguf(path) as f:
         config, tensors = ModelConfig.from_gguf(f), dict(f.tensors)
-    n_ctx = ctx or config.n_ctx_train
-    kw = dict(swa_full=True)
-    params = EngineParams(n_ctx, max(ubatch, 512), ubatch, ctk, ctv, op_offload=not no_op_offload)
-    overhead = probe_overhead_bytes(config, tensors, params)  # as `hybrid run` will plan (op offload included)
-    fit = None if dry_run else partial(try_fit, path, params, budget_bytes=budget, reserve_bytes=overhead)
+    n_ctx = params.n_ctx or config.n_ctx_train
+    params = replace(params, n_ctx=n_ctx, n_batch=max(ubatch, 512))  # every plan below: what `run` would plan
+    fit = None if dry_run else partial(try_fit, path, params, budget_bytes=budget)
     def progress(a) -> None:
         if not json_out:
             note(f"  -ngl {a.ngl}: {'fits' if a.fits else 'out of memory'} (peak {format_size(a.peak_bytes)})")
 
-    result = probe_ngl(config, tensors, params, budget, margin_bytes, fit, progress, overhead)
+    result = probe_ngl(config, tensors, params, budget, margin_bytes, fit, progress)
     rec = result.recommendation
     report: dict = {"model": str(path), "n_ctx": n_ctx, "type_k": ctk, "type_v": ctv, "n_ubatch": ubatch,
                     "budget_bytes": budget, "n_offloadable": config.n_layer + 1,
@@ -80,14 +76,14 @@ def probe(
     if not dry_run:
         report.update(measured_ceiling=result.ceiling, attempts=[dataclasses.asdict(a) for a in result.attempts],
                       probe_seconds=result.seconds)
-    kv_rows = kv_type_table(config, tensors, budget, n_ctx, ubatch, margin_bytes=margin_bytes, overhead_bytes=overhead,
-                            **kw)
-    p = plan(config, tensors, budget, max(rec.ngl, 0), n_ctx, ctk, ctv, ubatch, overhead_bytes=overhead, **kw)
+    kv_rows = kv_type_table(config, tensors, budget, params.plan_inputs(), margin_bytes=margin_bytes)
+    p = plan_for(config, tensors, budget, max(rec.ngl, 0), params.plan_inputs())
     machine = probe_machine(with_gpu=False)
     sweep = None
     if not fast and not dry_run:
         counts = sorted({max(1, machine.physical_cores // 4), max(1, machine.physical_cores // 2), machine.physical_cores})
-        engine = Engine.load(path, EngineParams(256, 256, 256, ctk, ctv, n_gpu_layers=str(rec.ngl), vram_budget=budget))
+        engine = Engine.load(path, EngineParams(n_ctx=256, n_batch=256, n_ubatch=256, type_k=ctk, type_v=ctv,
+                                                n_gpu_layers=rec.ngl, vram_budget=budget))
         try:
             sweep = thread_sweep(engine, counts)
         finally:
@@ -99,7 +95,7 @@ def probe(
     if ctk != "f16" or ctv != "f16":
         flags += [f"-ctk {ctk}", f"-ctv {ctv}"]
     flags += [f"-t {checks[0].value}"] + [c.value for c in checks[1:] if c.value]
-    if no_op_offload:
+    if not params.op_offload:
         flags.append("--no-op-offload")
     command = f"hybrid run {path} " + " ".join(flags)
     report.update(recommended_ngl=rec.ngl, margin_bytes=margin_bytes, recommendation=dataclasses.asdict(rec),

@@ -10,40 +10,26 @@ from typing import Annotated, Optional
 
 import typer
 
-from hybrid.engine.engine import EngineParams, Timings
+from hybrid.engine.params import EngineParams
+from hybrid.generate.loop import generate
 from hybrid.generate.sampling import SamplingParams
+from hybrid.generate.timings import Timings
 from hybrid.text.stream import TextStream
 
 from hybrid.cli.chat import chat_loop
 from hybrid.cli.common import ModelArg
-from hybrid.cli.explain import explain_plan, render_plan
-from hybrid.cli.options import (BatchOpt, ChatTemplateOpt, CtkOpt, CtvOpt, CtxOpt, FrequencyOpt, MinPOpt, NglOpt, PresenceOpt,
-                      RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, ThreadsOpt, TopKOpt, TopPOpt, UBatchOpt,
-                      VramBudgetOpt, NumaOpt, MlockOpt, NoMmapOpt, NoOpOffloadOpt, NoRepackOpt, CpuMaskOpt,
-                      CpuRangeOpt)
-from hybrid.cli.session import load_engine, note, system_params
+from hybrid.cli.explain import explain_plan, plan_json, render_plan
+from hybrid.cli.options import (LOAD_FLAGS, ChatTemplateOpt, FrequencyOpt, MinPOpt, PresenceOpt, RepeatLastNOpt,
+                                RepeatPenaltyOpt, SeedOpt, TempOpt, TopKOpt, TopPOpt, engine_flags)
+from hybrid.cli.session import load_engine, note
 
 
+@engine_flags(*LOAD_FLAGS)
 def run(
     model: ModelArg = None,
     prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="The prompt to complete.")] = None,
     file: Annotated[Optional[str], typer.Option("-f", "--file", help="Read the prompt from a file.")] = None,
     n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1 = until EOS or the context is full).")] = -1,
-    ctx: CtxOpt = 4096,
-    batch: BatchOpt = 2048,
-    ubatch: UBatchOpt = 512,
-    threads: ThreadsOpt = 0,
-    ctk: CtkOpt = "f16",
-    ctv: CtvOpt = "f16",
-    ngl: NglOpt = "0",
-    vram_budget: VramBudgetOpt = None,
-    numa: NumaOpt = None,
-    mlock: MlockOpt = False,
-    no_mmap: NoMmapOpt = False,
-    no_op_offload: NoOpOffloadOpt = False,
-    no_repack: NoRepackOpt = False,
-    cpu_mask: CpuMaskOpt = None,
-    cpu_range: CpuRangeOpt = None,
     explain: Annotated[bool, typer.Option("--explain", help="Print the placement plan (which layers go where, KV cache, headroom); without -p/-f, only that.")] = False,
     temp: TempOpt = 0.8,
     top_k: TopKOpt = 40,
@@ -58,23 +44,28 @@ def run(
     chat_template: ChatTemplateOpt = None,
     system: Annotated[Optional[str], typer.Option("-sys", "--system-prompt", help="System message for -cnv.")] = None,
     no_display_prompt: Annotated[bool, typer.Option("--no-display-prompt", help="Do not echo the prompt.")] = False,
-    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: prompt_ids, generated_ids, text, timings.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: prompt_ids, generated_ids, text, timings (with --explain alone: the plan).")] = False,
+    params: EngineParams = EngineParams(),
 ) -> None:
     """Generate text from a prompt, streaming tokens as they come, then print timings (as llama.cpp does).
 
     Special tokens written in the prompt (e.g. <start_of_turn>) are parsed as special tokens; BOS is added when the
     model asks for it. Examples: hybrid run -p "The capital of France is" -n 32 --temp 0
     """
-    params = EngineParams(ctx, batch, ubatch, ctk, ctv, threads,
-                          **system_params(numa, mlock, no_mmap, cpu_mask, cpu_range, no_op_offload, no_repack))
-    sampling = SamplingParams(temp, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
-                              frequency_penalty, seed)
+    sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
+                              repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
+                              frequency_penalty=frequency_penalty, seed=seed)
     if explain:
-        render_plan(explain_plan(model, ngl, ctx, ctk, ctv, ubatch, vram_budget))
-        if prompt is None and file is None and not conversation:
+        only = prompt is None and file is None and not conversation
+        p = explain_plan(model, params)
+        if json_out and only:
+            print(json.dumps(plan_json(p)))
+            return
+        render_plan(p)
+        if only:
             return
     if conversation:
-        engine, load_ms = load_engine(model, params, ngl, vram_budget)
+        engine, load_ms = load_engine(model, params)
         engine.warmup()
         chat_loop(engine, sampling, n_predict, chat_template, system, prompt)
         return
@@ -83,7 +74,7 @@ def run(
             prompt = fh.read()
     if prompt is None:
         raise typer.BadParameter("give a prompt with -p TEXT or -f FILE (or use -cnv to chat)")
-    engine, load_ms = load_engine(model, params, ngl, vram_budget)
+    engine, load_ms = load_engine(model, params)
     t0 = time.perf_counter()
     engine.warmup()  # compiles (or loads) the kernels; counted as load time, as llama.cpp's warm-up run
     load_ms += 1000 * (time.perf_counter() - t0)
@@ -96,7 +87,7 @@ def run(
         sys.stdout.write(prompt)
         sys.stdout.flush()
     cache = engine.new_cache()
-    for t in engine.generate(prompt_ids, sampling, n_predict, cache, timings):
+    for t in generate(engine, prompt_ids, sampling, n_predict, cache, timings):
         generated.append(t)
         if not json_out:
             sys.stdout.write(stream.push(t))

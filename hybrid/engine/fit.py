@@ -6,19 +6,24 @@ prediction -> measured ceiling -> recommendation that `hybrid probe` and `-ngl a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Mapping
 
 import numpy as np
 
 from gguf_io import ModelConfig
 
-from hybrid.engine.engine import Engine, EngineParams
+from hybrid.backends.cpu import CpuBackend
+from hybrid.engine.engine import Engine
+from hybrid.engine.params import EngineParams
 from hybrid.errors import PlacementError
-from hybrid.backends.op_offload import gpu_overhead_bytes
-from hybrid.plan.placement import GPU_OVERHEAD_BYTES, plan
-from hybrid.plan.probe import (DEFAULT_MARGIN_BYTES, CeilingSearch, Prediction, Recommendation, find_ceiling, predict_max_ngl,
-                    recommend)
+from hybrid.model import forward
+from hybrid.plan.budget import overhead_bytes, plan_for
+from hybrid.plan.placement import plan
+from hybrid.plan.probe import (DEFAULT_MARGIN_BYTES, CeilingSearch, Prediction, Recommendation, find_ceiling,
+                               predict_max_ngl, recommend)
+
+_UNLIMITED = 1 << 62  # a fit lifts the plan's own budget check: the device's allocator decides
 
 
 @dataclass(frozen=True)
@@ -51,12 +56,14 @@ def _is_oom(exc: BaseException) -> bool:
     return name in ("OutOfMemoryError", "MemoryError") or "out of memory" in str(exc).lower()
 
 
-def try_fit(path, params: EngineParams, ngl: int, budget_bytes: int,
-            reserve_bytes: int = GPU_OVERHEAD_BYTES) -> FitAttempt:
+def try_fit(path, params: EngineParams, ngl: int, budget_bytes: int, reserve_bytes: int | None = None) -> FitAttempt:
     """Load `ngl` layers with placeholder weights under a memory pool capped at budget_bytes - reserve_bytes (the
-    plan's overhead: what the process holds outside the pool, so that plan and measurement count alike; the
-    plan's own check is lifted so the device decides), run a micro-batch of -ub tokens and one decode step."""
+    plan's overhead for this -ngl, by default: what the process holds outside the pool, so that plan and
+    measurement count alike; the plan's own check is lifted so the device decides), run a micro-batch of -ub
+    tokens and one decode step through the GPU layers."""
     import cupy  # noqa: PLC0415 - only with a GPU
+
+    from hybrid.backends.gpu import GpuBackend  # noqa: PLC0415
 
     pool = cupy.get_default_memory_pool()
     engine = cache = None
@@ -66,13 +73,19 @@ def try_fit(path, params: EngineParams, ngl: int, budget_bytes: int,
         return FitAttempt(ngl, fits, int(pool.total_bytes()), error, round(time.perf_counter() - t0, 2))
 
     try:
-        # op offload's stream buffers are in reserve_bytes (gpu_overhead_bytes), not allocated a second time
-        p = replace(params, n_gpu_layers=str(ngl), vram_budget=max(0, budget_bytes - reserve_bytes),
-                    op_offload=False)
-        engine = Engine.load(path, p, placeholder_weights=True)
+        engine = Engine.open(path, params)
+        inputs = engine.params.plan_inputs()
+        if reserve_bytes is None:
+            reserve_bytes = overhead_bytes(engine.config, engine.gguf.tensors, inputs, ngl)
+        gpu = GpuBackend()
+        gpu.limit_memory(max(0, budget_bytes - reserve_bytes))  # op offload's buffers are in reserve_bytes
+        placement = plan(engine.config, engine.gguf.tensors, _UNLIMITED, ngl, inputs.n_ctx, inputs.type_k,
+                         inputs.type_v, inputs.n_ubatch, inputs.flash_attn, swa_full=True,
+                         overhead_bytes=reserve_bytes)
+        engine.place(placement, gpu, gpu.alloc_like)
         cache = engine.new_cache()
-        engine.run_gpu_layers(cache, np.random.default_rng(0), params.n_ubatch)  # prefill micro-batch
-        engine.run_gpu_layers(cache, np.random.default_rng(1), 1)  # one decode step
+        run_gpu_layers(engine, cache, np.random.default_rng(0), engine.params.n_ubatch)  # prefill micro-batch
+        run_gpu_layers(engine, cache, np.random.default_rng(1), 1)  # one decode step
         cupy.cuda.runtime.deviceSynchronize()
         return attempt(True)
     except PlacementError as exc:
@@ -90,21 +103,33 @@ def try_fit(path, params: EngineParams, ngl: int, budget_bytes: int,
         cupy.get_default_pinned_memory_pool().free_all_blocks()
 
 
+def run_gpu_layers(engine: Engine, cache, rng: np.random.Generator, n_tokens: int) -> None:
+    """Run n_tokens random hidden states through the engine's GPU layers and the output layer if it is on the
+    GPU (what a fit needs to see the real peak memory; the CPU layers do not touch the VRAM)."""
+    gpu_layers = [il for il, be in enumerate(engine.backends) if not isinstance(be, CpuBackend)]
+    if not gpu_layers:
+        return
+    cfg, w = engine.config, engine.weights
+    be = engine.backends[gpu_layers[0]]
+    x = be.from_host(rng.standard_normal((n_tokens, cfg.n_embd)).astype(np.float32))
+    positions = np.arange(cache.n_past, cache.n_past + n_tokens, dtype=np.int32)
+    x = forward.layers(engine.spec, cfg, w, engine.backends, gpu_layers, x, positions, cache)
+    if engine.output_backend is be:
+        forward.head(be, cfg, w.output, w.output_norm, x)
+    cache.n_past += n_tokens
+
+
 def probe_ngl(config: ModelConfig, tensors: Mapping, params: EngineParams, budget_bytes: int,
               margin_bytes: int = DEFAULT_MARGIN_BYTES, fit: Callable[[int], FitAttempt] | None = None,
-              on_attempt: Callable[[FitAttempt], None] | None = None,
-              overhead_bytes: int | None = None) -> ProbeResult:
-    """Predict the largest -ngl from the plan (params' n_ctx, KV types, -ub), find the real ceiling with fit(ngl)
-    (e.g. `lambda n: try_fit(path, params, n, budget)`; None: no measurement, the prediction stands), and
-    recommend the largest -ngl <= ceiling whose plan leaves margin_bytes of headroom. on_attempt sees each
-    attempt as it ends (progress lines). overhead_bytes must be what the engine's plan counts (and what fit
-    reserves outside the pool), or the measured ceiling and the plan of `hybrid run` disagree; None: that of
-    params (`probe_overhead_bytes`)."""
-    if overhead_bytes is None:
-        overhead_bytes = probe_overhead_bytes(config, tensors, params)
-    p = params
-    pred = predict_max_ngl(config, tensors, budget_bytes, p.n_ctx, p.type_k, p.type_v, p.n_ubatch,
-                           flash_attn=p.flash_attn, swa_full=True, overhead_bytes=overhead_bytes)
+              on_attempt: Callable[[FitAttempt], None] | None = None) -> ProbeResult:
+    """Predict the largest -ngl from the plan (params' n_ctx, KV types, -ub, op offload), find the real ceiling
+    with fit(ngl) (e.g. `lambda n: try_fit(path, params, n, budget)`; None: no measurement, the prediction
+    stands), and recommend the largest -ngl <= ceiling whose plan leaves margin_bytes of headroom. Every plan
+    here is `plan_for` of these params: the bytes `hybrid run` with the same flags shows. on_attempt sees each
+    attempt as it ends (progress lines)."""
+    inputs = params.plan_inputs(params.n_ctx or config.n_ctx_train)
+
+    pred = predict_max_ngl(config, tensors, budget_bytes, inputs)
     attempts: list[FitAttempt] = []
     search = None
     if fit is not None:
@@ -117,17 +142,8 @@ def probe_ngl(config: ModelConfig, tensors: Mapping, params: EngineParams, budge
 
         search = find_ceiling(fits, pred.ngl, config.n_layer + 1)
     ceiling = pred.ngl if search is None else search.ceiling
-    rec = recommend(ceiling, lambda n: plan(config, tensors, budget_bytes, n, p.n_ctx, p.type_k, p.type_v,
-                                            p.n_ubatch, p.flash_attn, swa_full=True, overhead_bytes=overhead_bytes),
-                    margin_bytes)
+    rec = recommend(ceiling, lambda n: plan_for(config, tensors, budget_bytes, n, inputs), margin_bytes)
     return ProbeResult(pred, search, tuple(attempts), rec, round(sum(a.seconds for a in attempts), 1))
-
-
-def probe_overhead_bytes(config: ModelConfig, tensors: Mapping, params: EngineParams) -> int:
-    """The overhead a probe plans with and keeps outside the pool: the engine's, for a split (`-ngl auto`)."""
-    p = params
-    return gpu_overhead_bytes(config, tensors, p.n_ctx, p.n_ubatch, p.type_k, p.type_v, p.flash_attn, p.op_offload,
-                              "auto")
 
 
 def choose_ngl(path, params: EngineParams, budget_bytes: int, margin_bytes: int = DEFAULT_MARGIN_BYTES) -> ProbeResult:
@@ -136,6 +152,5 @@ def choose_ngl(path, params: EngineParams, budget_bytes: int, margin_bytes: int 
 
     with open_gguf(path) as f:
         config, tensors = ModelConfig.from_gguf(f), dict(f.tensors)
-    overhead_bytes = probe_overhead_bytes(config, tensors, params)
     return probe_ngl(config, tensors, params, budget_bytes, margin_bytes,
-                     lambda n: try_fit(path, params, n, budget_bytes, overhead_bytes), overhead_bytes=overhead_bytes)
+                     lambda n: try_fit(path, params, n, budget_bytes))

@@ -6,7 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from hybrid.text.chat_template import ChatTemplate, choose_template
-from hybrid.engine.engine import Engine, Timings
+from hybrid.engine.engine import Engine
+from hybrid.generate.loop import generate
+from hybrid.generate.timings import Timings
 from hybrid.generate.sampling import SamplingParams
 
 
@@ -38,7 +40,7 @@ class ChatSession:
         self.last_reused = common
         reply: list[int] = []
         try:
-            for t in self.engine.generate(ids[common:], self.sampling, n_predict, self.cache, timings):
+            for t in generate(self.engine, ids[common:], self.sampling, n_predict, self.cache, timings):
                 reply.append(t)
                 yield t
         finally:

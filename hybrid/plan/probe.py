@@ -5,13 +5,14 @@ that leaves a margin, and compare KV cache types. No hardware here: the allocato
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
 from gguf_io import ModelConfig
 
 from hybrid.errors import PlacementError
-from hybrid.plan.placement import GPU_OVERHEAD_BYTES, PlacementPlan, kv_bytes_per_cell, kv_cells, plan
+from hybrid.plan.budget import PlanInputs, plan_for
+from hybrid.plan.placement import PlacementPlan, kv_bytes_per_cell, kv_cells
 from hybrid.system.sizes import GiB
 
 DEFAULT_MARGIN_BYTES = GiB
@@ -59,16 +60,12 @@ class KVTypeRow:
     extra_layers: int  # max_ngl minus the first row's (f16): how many more layers this type buys
 
 
-def predict_max_ngl(config: ModelConfig, tensors: Mapping, budget_bytes: int, n_ctx: int, type_k: str = "f16",
-                    type_v: str = "f16", n_ubatch: int = 512, margin: int = 0, *, flash_attn: bool = True,
-                    n_cpu_moe: int = 0, swa_full: bool = False,
-                    overhead_bytes: int = GPU_OVERHEAD_BYTES) -> Prediction:
+def predict_max_ngl(config: ModelConfig, tensors: Mapping, budget_bytes: int, inputs: PlanInputs,
+                    margin: int = 0) -> Prediction:
     """The plan's largest -ngl for budget_bytes - margin, and what it and one more layer would take."""
-    kw = dict(n_cpu_moe=n_cpu_moe, swa_full=swa_full, overhead_bytes=overhead_bytes)
-    args = (n_ctx, type_k, type_v, n_ubatch, flash_attn)
-    p = plan(config, tensors, max(0, budget_bytes - margin), "auto", *args, **kw)
+    p = plan_for(config, tensors, max(0, budget_bytes - margin), "auto", inputs)
     k, n_max = p.n_gpu_layers, config.n_layer + 1
-    nxt = plan(config, tensors, _UNLIMITED, k + 1, *args, **kw).gpu_total_bytes if k < n_max else None
+    nxt = plan_for(config, tensors, _UNLIMITED, k + 1, inputs).gpu_total_bytes if k < n_max else None
     return Prediction(k, n_max, p.gpu_total_bytes, nxt, budget_bytes, margin)
 
 
@@ -152,18 +149,17 @@ def recommend(ceiling: int, plan_fn: Callable[[int], PlacementPlan],
     return Recommendation(ngl, ceiling, margin_bytes, headroom, gpu, "ceiling" if ngl == ceiling else "margin")
 
 
-def kv_type_table(config: ModelConfig, tensors: Mapping, budget_bytes: int, n_ctx: int, n_ubatch: int = 512,
-                  types: Sequence[str] = ("f16", "q8_0", "q4_0"), margin_bytes: int = DEFAULT_MARGIN_BYTES, *,
-                  flash_attn: bool = True, n_cpu_moe: int = 0, swa_full: bool = False,
-                  overhead_bytes: int = GPU_OVERHEAD_BYTES) -> tuple[KVTypeRow, ...]:
-    """Per KV cache type (K and V alike): the cache size at n_ctx, the predicted -ngl with and without the
-    margin, and how many more layers it buys than the first type."""
+def kv_type_table(config: ModelConfig, tensors: Mapping, budget_bytes: int, inputs: PlanInputs,
+                  types: Sequence[str] = ("f16", "q8_0", "q4_0"),
+                  margin_bytes: int = DEFAULT_MARGIN_BYTES) -> tuple[KVTypeRow, ...]:
+    """Per KV cache type (K and V alike, the other flags as `inputs`): the cache size at n_ctx, the predicted
+    -ngl with and without the margin, and how many more layers it buys than the first type."""
     rows: list[KVTypeRow] = []
-    kw = dict(flash_attn=flash_attn, n_cpu_moe=n_cpu_moe, swa_full=swa_full, overhead_bytes=overhead_bytes)
     for t in types:
         per_cell = kv_bytes_per_cell(config, t, t)
-        kv = sum(kv_cells(config, il, n_ctx, n_ubatch, swa_full) for il in range(config.n_layer)) * per_cell
-        top = predict_max_ngl(config, tensors, budget_bytes, n_ctx, t, t, n_ubatch, 0, **kw).ngl
-        safe = predict_max_ngl(config, tensors, budget_bytes, n_ctx, t, t, n_ubatch, margin_bytes, **kw).ngl
+        kv = sum(kv_cells(config, il, inputs.n_ctx, inputs.n_ubatch, True) for il in range(config.n_layer)) * per_cell
+        typed = replace(inputs, type_k=t, type_v=t)
+        top = predict_max_ngl(config, tensors, budget_bytes, typed).ngl
+        safe = predict_max_ngl(config, tensors, budget_bytes, typed, margin_bytes).ngl
         rows.append(KVTypeRow(t, t, kv, top, safe, top - (rows[0].max_ngl if rows else top)))
     return tuple(rows)

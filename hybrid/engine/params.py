@@ -1,0 +1,36 @@
+"""EngineParams: everything a command decides about loading and running a model, built by keyword."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybrid.plan.budget import Ngl, PlanInputs, parse_ngl
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineParams:
+    n_ctx: int = 4096  # -c; 0 = the model's training context
+    n_batch: int = 2048  # -b: logical batch (how many prompt tokens one eval call takes)
+    n_ubatch: int = 512  # -ub: physical micro-batch through the layers
+    type_k: str = "f16"  # -ctk
+    type_v: str = "f16"  # -ctv
+    n_threads: int = 0  # -t; 0 = physical cores
+    n_gpu_layers: Ngl = 0  # -ngl: N (repeating layers + output, as llama.cpp), "auto" or "all"
+    vram_budget: int | None = None  # --vram-budget in bytes; None = the device's free memory
+    flash_attn: bool = True  # -fa (our attention kernels are always flash-style; counted in the plan)
+    use_mmap: bool = True  # --no-mmap: False reads the file into anonymous memory
+    use_mlock: bool = False  # --mlock: lock the CPU-resident weights in RAM
+    numa: str = ""  # --numa distribute|isolate|numactl ("" = off)
+    cpus: tuple[int, ...] = ()  # -C/--cpu-mask, --cpu-range: the CPUs the workers are pinned to (() = all allowed)
+    # op offload: big prefill batches run the CPU layers on the GPU, weights streamed (backends/op_offload.py). The
+    # CLI turns it on (llama.cpp's default; --no-op-offload); off here, so a library caller's -ngl 0 stays on the CPU.
+    op_offload: bool = False
+    repack: bool = True  # --no-repack: False keeps the CPU layers' matrices as in the file (backends/repack.py)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "n_gpu_layers", parse_ngl(self.n_gpu_layers))
+
+    def plan_inputs(self, n_ctx: int | None = None) -> PlanInputs:
+        """The flags that decide the placement's bytes (n_ctx: the resolved context when params.n_ctx is 0)."""
+        return PlanInputs(n_ctx=n_ctx or self.n_ctx, n_ubatch=min(self.n_ubatch, self.n_batch), type_k=self.type_k,
+                          type_v=self.type_v, flash_attn=self.flash_attn, op_offload=self.op_offload)
