@@ -1,8 +1,9 @@
-"""Reading GGUF model files: a validated memory-mapped reader, `ModelConfig`, and the quant registry."""
+"""Reading GGUF model files: a validated memory-mapped reader, `ModelConfig`, the quant registry, the KV cache types."""
 
 from .config import SUPPORTED_ARCHITECTURES, ModelConfig
-from .errors import GGUFFormatError, HybridError, UnsupportedArchitecture, UnsupportedQuantType
+from .errors import GGUFFormatError, HybridError, UnsupportedArchitecture, UnsupportedKVType, UnsupportedQuantType
 from .ggml_types import GGML_TYPE_IDS, GGML_TYPES, GGMLType
+from .kv_types import KV_TYPES, KVType, kv_row_bytes, kv_type
 from .quants import QUANTS, QuantSpec, quant_spec
 from .reader import GGUFFile, TensorInfo, open_gguf
 
@@ -16,13 +17,18 @@ __all__ = [
     "GGUFFile",
     "GGUFFormatError",
     "HybridError",
+    "KV_TYPES",
+    "KVType",
     "ModelConfig",
     "QUANTS",
     "QuantSpec",
     "SUPPORTED_ARCHITECTURES",
     "TensorInfo",
     "UnsupportedArchitecture",
+    "UnsupportedKVType",
     "UnsupportedQuantType",
+    "kv_row_bytes",
+    "kv_type",
     "open_gguf",
     "quant_spec",
 ]

@@ -19,3 +19,10 @@ class UnsupportedArchitecture(HybridError):
 
 class UnsupportedQuantType(HybridError):
     """A tensor uses a GGML type that has no entry in the quant registry (or no kernel)."""
+
+
+class UnsupportedKVType(UnsupportedQuantType, ValueError):
+    """A KV cache type outside `gguf_io.kv_types.KV_TYPES`, or a head size its blocks do not divide.
+
+    Also a ValueError: the kernels' callers have always caught the KV checks as one.
+    """

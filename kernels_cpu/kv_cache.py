@@ -17,10 +17,13 @@ from llvmlite import ir as llvm_ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2, "q4_0": 3}  # llama.cpp --cache-type-k/-v names -> kernel codes
-QK = 32  # elements per q8_0 / q4_0 block
-Q8_0_BYTES = 34  # block_q8_0: d (fp16), qs[32] (int8)
-Q4_0_BYTES = 18  # block_q4_0: d (fp16), qs[16] (low nibbles: elements 0..15, high nibbles: 16..31)
+from gguf_io.kv_types import KV_TYPES, kv_row_bytes, kv_type
+
+# Codes f32 0, f16 1, q8_0 2, q4_0 3; block sizes from gguf_io's table, as constants (Numba freezes globals).
+QK = KV_TYPES["q8_0"].block  # elements per q8_0 / q4_0 block (32)
+Q8_0_BYTES = KV_TYPES["q8_0"].block_bytes  # block_q8_0: d (fp16), qs[32] (int8)
+Q4_0_BYTES = KV_TYPES["q4_0"].block_bytes  # block_q4_0: d (fp16), qs[16] (low nibbles: elements 0..15, high: 16..31)
+assert KV_TYPES["q4_0"].block == QK
 
 # fp16 bits -> float32, exact; kernels take it as an argument (Numba cannot read float16 arrays).
 F16_TO_F32 = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
@@ -58,25 +61,8 @@ def f16_to_f32(h, lut):
 
 
 def kv_type_code(type_name: str) -> int:
-    """Kernel code of a KV cache type name ("f32", "f16", "q8_0", "q4_0", any case)."""
-    code = KV_TYPES.get(type_name.lower())
-    if code is None:
-        raise ValueError(f"KV cache type must be one of {sorted(KV_TYPES)}, found {type_name!r}")
-    return code
-
-
-def kv_row_bytes(type_name: str, head_dim: int) -> int:
-    """Bytes of one head's row of head_dim values in the cache type."""
-    code = kv_type_code(type_name)
-    if code >= 2 and head_dim % QK:
-        raise ValueError(f"{type_name} KV cache needs head_dim divisible by {QK}, found {head_dim}")
-    return (head_dim * 4, head_dim * 2, head_dim // QK * Q8_0_BYTES, head_dim // QK * Q4_0_BYTES)[code]
-
-
-def kv_cache_bytes(n_ctx: int, n_head_kv: int, head_dim_k: int, head_dim_v: int,
-                   type_k: str = "f16", type_v: str = "f16") -> int:
-    """Bytes of one layer's K and V storage (what placement reserves)."""
-    return n_ctx * n_head_kv * (kv_row_bytes(type_k, head_dim_k) + kv_row_bytes(type_v, head_dim_v))
+    """Kernel code of a KV cache type name ("f32", "f16", "q8_0", "q4_0", any case); a ValueError for others."""
+    return kv_type(type_name).code
 
 
 @dataclass(frozen=True)

@@ -71,17 +71,6 @@ def or_i8(typingctx, a, b):
 
 
 @intrinsic
-def add_i8(typingctx, a, b):
-    """Lanewise a + b, wrapping."""
-    if not (a == I8x32 and b == I8x32):
-        return None
-
-    def codegen(context, builder, sig, args):
-        return builder.add(args[0], args[1])
-    return I8x32(a, b), codegen
-
-
-@intrinsic
 def abs_i8(typingctx, v):
     """Lanewise |v| as int8 (|-128| is 128 read as unsigned)."""
     if v != I8x32:

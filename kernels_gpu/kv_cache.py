@@ -10,27 +10,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .module import get_kernel
+from gguf_io.kv_types import kv_row_bytes, kv_type
 
-KV_TYPES = {"f32": 0, "f16": 1, "q8_0": 2, "q4_0": 3}  # llama.cpp --cache-type names -> kernel codes
-QK = 32
-Q8_0_BYTES = 34
-Q4_0_BYTES = 18
+from .module import get_kernel
 
 
 def kv_type_code(type_name: str) -> int:
-    code = KV_TYPES.get(str(type_name).lower())
-    if code is None:
-        raise ValueError(f"KV cache type must be one of {sorted(KV_TYPES)}, found {type_name!r}")
-    return code
-
-
-def kv_row_bytes(type_name: str, head_dim: int) -> int:
-    """Bytes of one head's row of head_dim values in the cache type."""
-    code = kv_type_code(type_name)
-    if code >= 2 and head_dim % QK:
-        raise ValueError(f"{type_name} KV cache needs head_dim divisible by {QK}, found {head_dim}")
-    return (head_dim * 4, head_dim * 2, head_dim // QK * Q8_0_BYTES, head_dim // QK * Q4_0_BYTES)[code]
+    """Kernel code of a KV cache type name (kv.cu / attention.cu switch on it); a ValueError for others."""
+    return kv_type(type_name).code
 
 
 @dataclass(frozen=True)

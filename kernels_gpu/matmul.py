@@ -23,7 +23,6 @@ MATVEC_MAX_TOKENS = 8  # tokens one matvec launch serves (NT templates 1, 2, 4, 
 GEMM_MIN_TOKENS = 9  # from here on dequantize + cuBLAS (measured: equal to the matvec at 8 tokens, 2x ahead at 16)
 GEMM_CHUNK_ELEMENTS = 1 << 26  # dequantized scratch per chunk: 64 Mi values = 128 MiB of fp16
 MV_WARPS = 8  # warps per CTA in the matvec kernels (MV_WARPS / MVF_WARPS in the .cu files)
-MATVEC_DEFINES: tuple[tuple[str, int], ...] = ()  # -D flags of the matvec modules (("MV_HOIST", 0) = old loop)
 MATVEC_Q8 = True  # default of matmul(q8=None): one-token matvecs of Q8_AUTO types on q8 activations + dp4a
 Q8_MATVEC: dict[str, int] = {"Q4_K": 4, "Q6_K": 4}  # type -> parts a block (threads) in matvec_q8.cu
 # The types whose one-token matvec takes the q8 path by default: measured on the H200 (scripts/gpu_matvec_check.py,
@@ -210,7 +209,7 @@ def _matvec(k: GpuKernel, w_raw, x, y, n_in: int, wpr: int | None, rpw: int | No
         else:
             name, rpw = f"matvec_{k.suffix}_{4 if n_tok <= 4 else 8}", 1
             auto_wpr = matvec_config(n_out, items, 1)[1]
-    fn = get_kernel(k.module, name, MATVEC_DEFINES)
+    fn = get_kernel(k.module, name)
     n_groups = -(-n_out // rpw)
     wpr = auto_wpr if wpr is None else wpr
     if wpr not in (1, 2, 4, 8):

@@ -8,12 +8,6 @@
 // The dot product is taken in q space, sum_k q x, and scaled once per run: acc += sc * sum(q x) - mn * sum(x).
 
 #define MV_WARPS 8  // warps per CTA of the matvec kernels (256 threads)
-// MV_HOIST 1: the RPW rows of an item are read unconditionally (a row past the end reads the group's last row,
-// and its sum is never written), so the loop body is straight-line code and ptxas can issue every row's loads
-// before the first multiply; 0: the earlier form, which stopped at the last row (kept to compare).
-#ifndef MV_HOIST
-#define MV_HOIST 1
-#endif
 
 // small unsigned integer v (< 2^23) -> float 2^23 + v; subtract (2^23 + offset) to get v - offset exactly.
 // Two cheap integer/float ops instead of the quarter-rate int -> float conversion.
@@ -74,13 +68,10 @@ __device__ __forceinline__ void matvec_cached(const u8* __restrict__ w, const fl
 #pragma unroll
             for (int rr = 0; rr < RPW; ++rr) {
                 if (rr > 0) {
-#if MV_HOIST
+                    // every row is read unconditionally (one past the end reads the group's last row, and its
+                    // sum is never written): straight-line code, so ptxas issues every row's loads up front
                     const int rs = rr < nr ? rr : nr - 1;
                     Q::load(w0 + rs * row_bytes + (size_t)b * Q::TS, p, q, sc, mn, xo);
-#else
-                    if (rr >= nr) break;
-                    Q::load(w0 + rr * row_bytes + (size_t)b * Q::TS, p, q, sc, mn, xo);
-#endif
                 }
 #pragma unroll
                 for (int t = 0; t < NT; ++t) {

@@ -11,7 +11,7 @@ import pytest
 import kernels_cpu.attention as attention_module
 from kernels_cpu.attention import attention
 from kernels_cpu.kv_cache import (
-    alloc_kv_layer, f32_to_f16_bits, fp32_to_fp16_bits, kv_cache_bytes, kv_read, kv_row_bytes, kv_store,
+    alloc_kv_layer, f32_to_f16_bits, fp32_to_fp16_bits, kv_read, kv_row_bytes, kv_store,
     quantize_row_q4_0,
     quantize_row_q8_0,
 )
@@ -88,7 +88,7 @@ def test_kv_store_read_roundtrip(type_k, type_v):
     rng = np.random.default_rng(2)
     n_ctx, n_head_kv, dk, dv = 11, 3, 64, 96
     layer = alloc_kv_layer(n_ctx, n_head_kv, dk, dv, type_k, type_v)
-    assert layer.nbytes == kv_cache_bytes(n_ctx, n_head_kv, dk, dv, type_k, type_v)
+    assert layer.nbytes == n_ctx * n_head_kv * (kv_row_bytes(type_k, dk) + kv_row_bytes(type_v, dv))
     k, v = randn(rng, 4, n_head_kv, dk), randn(rng, 4, n_head_kv, dv)
     pos = np.array([7, 0, 3, 10])
     kv_store(layer, pos, k, v)

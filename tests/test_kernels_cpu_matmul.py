@@ -8,8 +8,9 @@ import pytest
 
 from gguf_io.errors import UnsupportedQuantType
 from gguf_io.quantize_ref import quantize_q8_k_parts
-from kernels_cpu import act_quant, quant_dot_float
+from kernels_cpu import act_quant
 from kernels_cpu.matmul import GEMM_MIN_TOKENS, KERNELS, matmul, matmuls
+from reference import BASELINE_TYPES, matmul_baseline, quant_dot_legacy
 
 NAMES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
@@ -247,15 +248,27 @@ def test_bad_arguments_raise_value_error():
             matmul(wi, "Q4_K", xi, out=out)
 
 
-def test_fp16_decoding_is_exact_for_every_bit_pattern():
+# ---- the pre-SIMD kernels (tests/reference) that scripts/bench_matmul.py --baseline times ----------------
+
+def test_baseline_fp16_scales_are_exact_for_every_bit_pattern():
     h = np.arange(65536, dtype=np.uint16)
     ref = h.view(np.float16).astype(np.float32).view(np.uint32)
     nan = np.isnan(h.view(np.float16))
-    bits = np.empty(65536, dtype=np.uint32)
-    quant_dot_float.decode_row_f16(h, bits, bits.view(np.float32))  # F16 weight rows
-    assert np.array_equal(bits[~nan], ref[~nan]) and np.isnan(bits.view(np.float32)[nan]).all()
-    scalar = np.array([quant_dot_float.f16_bits_to_f32(int(v)) for v in h], dtype=np.float32)  # block scales
+    scalar = np.array([quant_dot_legacy.f16_bits_to_f32(int(v)) for v in h], dtype=np.float32)  # block scales
     assert np.array_equal(scalar.view(np.uint32)[~nan], ref[~nan]) and np.isnan(scalar[nan]).all()
+
+
+@pytest.mark.parametrize("name", BASELINE_TYPES)
+def test_baseline_matches_float64_reference(name):
+    rng = np.random.default_rng(2000 + NAMES.index(name))
+    n_in = n_in_for(name, 2 if KERNELS[name].block_size == 256 else 9)
+    w = random_weight(name, 37, n_in, rng)  # 37 rows: not a multiple of the 16-row tasks
+    x = rng.standard_normal((3, n_in)).astype(np.float32)
+    y = matmul_baseline(w, name, x, np.empty((3, 37), dtype=np.float32))
+    assert np.isfinite(y).all()
+    w64 = dequantize64(w, name)
+    assert nmse(y, converted_activations(x, name) @ w64.T) < NMSE_TOL_SAME_ACT
+    assert nmse(y, x.astype(np.float64) @ w64.T) < NMSE_TOL[name]
 
 
 # ---- activation conversion ---------------------------------------------------------------------------

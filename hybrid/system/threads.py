@@ -179,11 +179,6 @@ def setup_threads(n_threads: int = 0, cpus: Sequence[int] = (), numa: str = "", 
     return pin_threads(order)
 
 
-def configure_threads(n_threads: int, cpus: Sequence[int] = (), numa: str = "", pin: bool = True) -> int:
-    """`setup_threads`, returning the worker count in effect."""
-    return setup_threads(n_threads, cpus, numa, pin).n_threads
-
-
 def thread_affinity(tid: int) -> tuple[int, ...]:
     """The CPUs OS thread `tid` of this process may run on (Cpus_allowed_list in /proc)."""
     for line in Path(f"/proc/self/task/{tid}/status").read_text().splitlines():

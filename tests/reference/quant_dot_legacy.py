@@ -1,7 +1,7 @@
 """Matrix products on raw 32-element GGML blocks: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL (vec_dot_type Q8_0).
 
-The pre-SIMD kernels: `kernels_cpu.matmul` no longer dispatches here (see vec_dot_legacy, vec_dot_k, gemm_f32);
-kept as the baseline `scripts/bench_matmul.py --baseline` times in the same run, and as a plain reference.
+The pre-SIMD kernels, moved out of kernels_cpu (which dispatches to vec_dot_legacy, vec_dot_k, gemm_f32): the
+baseline `scripts/bench_matmul.py --baseline` times in the same run, and a plain reference the tests check.
 
 Each weight row is decoded once per batch, block by block, into float32 scratch: the block's integer codes
 times its fp16 scale (plus its fp16 min for Q4_1/Q5_1). These products are exact in float32 (<= 8-bit code x
@@ -18,15 +18,44 @@ unrolls them completely into scalar code; with a run-time bound it keeps loops a
 import numpy as np
 from numba import njit, prange
 
-from kernels_cpu.quant_dot_float import ROWS_PER_TASK, dot_f32, read_f16
-
 QK = 32  # elements per block for every type in this file
+ROWS_PER_TASK = 16  # rows handed to one parallel task: each task allocates its row scratch once
 
 # Type codes for `matmul_legacy` (one compiled kernel serves all six types).
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 0, 1, 2, 3, 4, 5
 
 # kvalues_iq4nl (ggml-common.h): the 16 non-linear levels of IQ4_NL / IQ4_XS.
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.int8)
+
+# 2**(max(e, 1) - 25) for the 5-bit fp16 exponent e: (mantissa | implicit bit) * this is the value, exactly.
+_F16_POW2 = np.array([2.0 ** (max(e, 1) - 25) for e in range(32)], dtype=np.float32)
+
+
+@njit(cache=True)
+def f16_bits_to_f32(h):
+    """IEEE half bits (an int in [0, 65536)) -> float32, exact, subnormals/inf/nan included."""
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    if e == 31:
+        v = np.float32(np.inf) if m == 0 else np.float32(np.nan)
+    else:
+        v = np.float32(m + (1024 if e > 0 else 0)) * _F16_POW2[e]
+    return -v if h & 0x8000 else v
+
+
+@njit(cache=True)
+def read_f16(buf, off):
+    """The little-endian fp16 stored at buf[off:off+2] (buf uint8) as float32: the block scales."""
+    return f16_bits_to_f32(np.int64(buf[off]) | (np.int64(buf[off + 1]) << 8))
+
+
+@njit(cache=True, fastmath=True)
+def dot_f32(a, b):
+    """float32 dot product of two equally long 1-D float32 arrays (one flat loop: LLVM vectorizes it)."""
+    acc = np.float32(0.0)
+    for j in range(a.shape[0]):
+        acc += a[j] * b[j]
+    return acc
 
 
 @njit(cache=True, fastmath=True)

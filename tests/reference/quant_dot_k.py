@@ -1,8 +1,8 @@
 """Matrix products on raw 256-element GGML super-blocks: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
-
-The pre-SIMD kernels: `kernels_cpu.matmul` no longer dispatches here (see vec_dot_legacy, vec_dot_k, gemm_f32);
-kept as the baseline `scripts/bench_matmul.py --baseline` times in the same run, and as a plain reference.
 (vec_dot_type Q8_K), integer dot products as in ggml's ggml_vec_dot_*_q8_K.
+
+The pre-SIMD kernels, moved out of kernels_cpu (which dispatches to vec_dot_legacy, vec_dot_k, gemm_f32): the
+baseline `scripts/bench_matmul.py --baseline` times in the same run, and a plain reference the tests check.
 
 Each weight row is decoded once per batch into int16 codes already multiplied by their sub-block's integer
 scale (|code * scale| <= 4096), plus per super-block float scales d, dmin and per 16-element integer mins.
@@ -19,8 +19,7 @@ scalar code, while a run-time bound keeps a loop that the loop vectorizer handle
 import numpy as np
 from numba import njit, prange
 
-from kernels_cpu.quant_dot_float import ROWS_PER_TASK, dot_f32, read_f16
-from kernels_cpu.quant_dot_legacy import KVALUES_IQ4NL
+from .quant_dot_legacy import KVALUES_IQ4NL, ROWS_PER_TASK, dot_f32, read_f16
 
 QK_K = 256
 
