@@ -1,6 +1,6 @@
 """Every error hybrid reports as a one-line message (the CLI maps each type to its message)."""
 
-from gguf_io.errors import GGUFFormatError, HybridError, UnsupportedArchitecture, UnsupportedQuantType
+from gguf_io.errors import GGUFFormatError, HybridError, UnsupportedArchitecture, UnsupportedKVType, UnsupportedQuantType
 
 
 class ModelNotFound(HybridError):
@@ -32,6 +32,7 @@ __all__ = [
     "GGUFFormatError",
     "UnsupportedArchitecture",
     "UnsupportedQuantType",
+    "UnsupportedKVType",
     "ModelNotFound",
     "PlacementError",
     "DeviceUnavailable",

@@ -1,6 +1,6 @@
 """A dense transformer layer for a few tokens (decode) in two compiled calls, `attention_half` and `ffn_half`,
 instead of ~16 Python-level backend calls: the same kernels in the same order, so the results equal the op-by-op
-path (`hybrid/arch/blocks.py` on CpuBackend) bit for bit.
+path (`hybrid/model/arch/blocks.py` on CpuBackend) bit for bit.
 
 Why: on a small model every op of a decode layer is a few microseconds of work, and each Python-level call costs
 about as much again, more after a matmul has streamed its weights through the caches (Gemma 3 270M: ~5 ms of a

@@ -1,9 +1,9 @@
-"""Benchmark hybrid.tokenizer: vocab setup time and tokenize/detokenize time of gpl3.txt (median of N runs).
+"""Benchmark hybrid.text.tokenizer: vocab setup time and tokenize/detokenize time of gpl3.txt (median of N runs).
 
     python3 scripts/bench_tokenizer.py [--model PATH] [--text PATH] [-n RUNS]
 
 Defaults: the Gemma 3 270M demo model ($HYBRID_DEMO_MODEL or ~/.cache/hybrid/gemma-3-270m-q4_k_m.gguf)
-and ../shared/fixtures/gemma-3-270m/gpl3.txt beside the checkout.
+and tests/fixtures/gemma-3-270m/gpl3.txt.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 from gguf_io import open_gguf  # noqa: E402
 from hybrid.text.tokenizer import Tokenizer  # noqa: E402
 
-DEFAULT_TEXT = ROOT.parent / "shared" / "fixtures" / "gemma-3-270m" / "gpl3.txt"
+DEFAULT_TEXT = ROOT / "tests" / "fixtures" / "gemma-3-270m" / "gpl3.txt"
 
 
 def _default_model() -> Path:

@@ -4,7 +4,7 @@
     python3 scripts/make_model.py OUT.gguf --arch llama --preset llama-8b [--seed 1] [--vocab PATH] [--type Q4_K_M]
     python3 scripts/make_model.py OUT.gguf --arch qwen3moe --preset tiny --n-layer 4 --dry-run
 
-Needs numpy only (no `gguf` package). See hybrid/synth.py.
+Needs numpy only (no `gguf` package). See hybrid/tools/synth/.
 """
 
 from __future__ import annotations

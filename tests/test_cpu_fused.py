@@ -1,4 +1,4 @@
-"""CpuBackend's fused layers (hybrid/cpu_fused.py, kernels_cpu/fused_layer.py) equal the op-by-op path of
+"""CpuBackend's fused layers (hybrid/backends/cpu_fused.py, kernels_cpu/fused_layer.py) equal the op-by-op path of
 blocks.layer_forward bit for bit: every architecture (MoE: its attention), KV type, quant mix, a sliding window and
 batches large enough for the parallel forms of the norms, RoPE and the GLU; and they step aside where they have no
 fused form (the float GEMM's batches, float weights, MoE FFNs)."""

@@ -1,4 +1,4 @@
-"""Op offload (hybrid/offload.py): big prefill batches of CPU-resident layers run on the GPU on streamed weights.
+"""Op offload (hybrid/backends/op_offload.py): big prefill batches of CPU-resident layers run on the GPU on streamed weights.
 
 CPU (CI): the decision, row pieces, the stream order, the VRAM sizes, and OpOffload's bookkeeping with a fake
 stream and a fake GPU (pieces in order, skipped, or uploaded when not streamed). GPU (`-m gpu`): the streamed

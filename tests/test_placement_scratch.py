@@ -125,7 +125,7 @@ def _matmuls(pool: PoolModel, t: int, n_in: int, n_outs: tuple[int, ...]) -> lis
 
 
 def _layer(pool: PoolModel, cfg, t: int, x, bias: bool):
-    """hybrid/arch/blocks.layer_forward on the GPU backend: which buffers live when (the caller keeps x)."""
+    """hybrid/model/arch/blocks.layer_forward on the GPU backend: which buffers live when (the caller keeps x)."""
     hd = cfg.n_embd_head_k
     nq, nk = cfg.n_head * hd, cfg.n_head_kv * hd
     h = pool.malloc(4 * t * cfg.n_embd)  # attn_norm

@@ -1,4 +1,4 @@
-"""Rows interleaved by 8 (kernels_cpu.q4_k_x8, kernels_cpu.legacy_x8, hybrid/repack.py): each repacked matmul
+"""Rows interleaved by 8 (kernels_cpu.q4_k_x8, kernels_cpu.legacy_x8, hybrid/backends/repack.py): each repacked matmul
 against float64 references and against the plain kernels, the layouts' guards, what the loader repacks and what
 it leaves, the released pages, and the stale Numba cache check of kernels_cpu."""
 

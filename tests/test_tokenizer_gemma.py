@@ -1,4 +1,4 @@
-"""hybrid.tokenizer on the Gemma 3 270M demo model against llama.cpp (tests/fixtures/gemma-3-270m).
+"""hybrid.text.tokenizer on the Gemma 3 270M demo model against llama.cpp (tests/fixtures/gemma-3-270m).
 
 tokenize.json: 26 strings -> ids with/without BOS, with/without special-token parsing, pieces and
 detokenized text (llama-server /tokenize and /detokenize); perplexity.json: the token count and hash

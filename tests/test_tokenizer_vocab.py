@@ -1,4 +1,4 @@
-"""hybrid.tokenizer against llama.cpp's own tokenizer test vectors (tests/fixtures/vocab, test-tokenizer-0).
+"""hybrid.text.tokenizer against llama.cpp's own tokenizer test vectors (tests/fixtures/vocab, test-tokenizer-0).
 
 Eight vocab-only GGUFs (SPM: llama-spm, phi-3; BPE: llama-bpe, qwen2, gpt-2, deepseek-llm, falcon,
 starcoder), 46 strings each, tokenized with add_special=False, parse_special=False: exact ids required.

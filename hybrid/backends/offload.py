@@ -1,4 +1,4 @@
-"""OffloadBackend: a CPU-resident layer run on the GPU for one big batch (op offload, hybrid/offload.py).
+"""OffloadBackend: a CPU-resident layer run on the GPU for one big batch (op offload, hybrid/backends/op_offload.py).
 
 Every op is the GpuBackend's; the matrices are not on the GPU, so matmul multiplies pieces streamed from host
 memory (the same kernels_gpu.matmul as a GPU-resident weight). The layer's KV cache stays in host memory: the

@@ -1,0 +1,1 @@
+"""The command line: typer commands and rich rendering only (the library never prints)."""

@@ -8,6 +8,7 @@ from hybrid import errors as E
 ERROR_LABELS: tuple[tuple[type[BaseException], str], ...] = (
     (E.GGUFFormatError, "invalid GGUF file"),
     (E.UnsupportedArchitecture, "unsupported architecture"),
+    (E.UnsupportedKVType, "unsupported KV cache type"),
     (E.UnsupportedQuantType, "unsupported quant type"),
     (E.ModelNotFound, "model not found"),
     (E.PlacementError, "does not fit"),

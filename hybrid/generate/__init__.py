@@ -1,0 +1,1 @@
+"""Generation over an engine: sampling, the single-request loop, timings, chat sessions."""

@@ -184,7 +184,7 @@ def scratch_bytes(config: ModelConfig, n_ctx: int, n_ubatch: int, flash_attn: bo
     """The compute buffers of a micro-batch of T = min(n_ubatch, n_ctx) tokens through the GPU's layers, in bytes.
 
     Not a sum of buffers: CuPy's pool hands freed blocks to the next allocation, so what counts is the largest set
-    of buffers alive at one moment, each rounded to POOL_UNIT. Walking the GPU backend's ops (hybrid/arch/
+    of buffers alive at one moment, each rounded to POOL_UNIT. Walking the GPU backend's ops (hybrid/model/arch/
     blocks.py over kernels_gpu) with A = T x n_embd float32 (the hidden state), the sets are:
       layer, FFN down (the largest): the caller's x, x + attn, attn, normed x (4 A), gate, up and act(gate) * up
       (3 x T x n_ff float32), the output (A), fp16 x (T x n_ff) and two dequantized weight chunks (see

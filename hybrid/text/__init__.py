@@ -1,0 +1,1 @@
+"""Text in and out: the tokenizers, chat templates, the streaming detokenizer."""

@@ -1,0 +1,1 @@
+"""The library halves of the bench, perplexity, info and synthetic-model commands."""

@@ -1,4 +1,4 @@
-"""`Tokenizer`: the public face of hybrid.tokenizer, with llama.cpp's llama_tokenize / llama_detokenize semantics."""
+"""`Tokenizer`: the public face of hybrid.text.tokenizer, with llama.cpp's llama_tokenize / llama_detokenize semantics."""
 
 from __future__ import annotations
 

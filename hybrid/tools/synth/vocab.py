@@ -1,6 +1,6 @@
 """Tokenizer metadata for synthetic models: a small SentencePiece-style vocabulary, or one copied from a GGUF.
 
-Both return `(key, value, GGUF value type)` triples for `synth_writer.layout`; the tokens are always the
+Both return `(key, value, GGUF value type)` triples for `gguf_io.writer.layout`; the tokens are always the
 second triple, so callers can read the final vocabulary size.
 """
 
