@@ -1,4 +1,4 @@
-"""Write small GGUF files byte by byte (struct only) for tests: valid ones, and deliberately damaged ones.
+"""Small GGUF files for tests: valid ones, and deliberately damaged ones. The bytes come from `gguf_io.writer`.
 
     layout = build_gguf({"general.architecture": "llama", "llama.block_count": 2},
                         [Tensor("token_embd.weight", (64, 100), "F32")])
@@ -9,6 +9,10 @@ Metadata is a dict or a list of (key, value) pairs (a list may repeat keys, and 
 Value types are inferred (bool -> BOOL, int -> U32/U64/I32/I64, float -> F32, str -> STRING, list/ndarray ->
 ARRAY) or given explicitly with `Typed(VT.U8, 7)` / `Typed(VT.ARRAY, [1, 2], VT.I16)`. `build_gguf` returns a
 `Layout`: the bytes and the offset of every part (see `Layout.offsets`), so a test can damage one exact field.
+
+What is test-only lives here: type inference, deterministic default data, the damage knobs (passed on to the
+writer's unchecked `encode_gguf`), `sample_metadata` and `tiny_model`. Unlike `gguf_io.writer.write_gguf`, a
+factory file ends at its last data byte (no padding after the last tensor), so any cut of it cuts tensor data.
 """
 
 from __future__ import annotations
@@ -22,36 +26,22 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
+from gguf_io import writer
+from gguf_io.ggml_types import GGML_TYPE_IDS, GGML_TYPES
+from gguf_io.metadata import VALUE_TYPE_NAMES
 
-class VT(IntEnum):
-    """GGUF metadata value types."""
-
-    U8 = 0
-    I8 = 1
-    U16 = 2
-    I16 = 3
-    U32 = 4
-    I32 = 5
-    F32 = 6
-    BOOL = 7
-    STRING = 8
-    ARRAY = 9
-    U64 = 10
-    I64 = 11
-    F64 = 12
-
-
-_FMT = {VT.U8: "<B", VT.I8: "<b", VT.U16: "<H", VT.I16: "<h", VT.U32: "<I", VT.I32: "<i", VT.F32: "<f",
-        VT.BOOL: "<B", VT.U64: "<Q", VT.I64: "<q", VT.F64: "<d"}
+# GGUF metadata value types: VT.U8 = 0, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = 12.
+VT = IntEnum("VT", [(n.upper(), i) for i, n in enumerate(VALUE_TYPE_NAMES)])
+_KNOWN_VT = frozenset(map(int, VT))
 _NP_VT = {"uint8": VT.U8, "int8": VT.I8, "uint16": VT.U16, "int16": VT.I16, "uint32": VT.U32, "int32": VT.I32,
           "float32": VT.F32, "bool": VT.BOOL, "uint64": VT.U64, "int64": VT.I64, "float64": VT.F64}
 
 
 @dataclass
 class Typed:
-    """A metadata value with an explicit GGUF type (`elem_type` for arrays)."""
+    """A metadata value with an explicit GGUF type (`elem_type` for arrays; a type id GGUF lacks is written
+    with no payload, for damage)."""
 
     vtype: int
     value: Any
@@ -65,7 +55,7 @@ class Tensor:
     data: bytes or an ndarray (written with tobytes()); None draws deterministic data of the right size
     (normal floats for F32/F16, random bytes for the other types: quantized scales may be NaN/inf).
     offset: the data offset relative to the data section; None places it at the next aligned slot.
-    n_dims: what to write as n_dims (damage); None writes len(ne).
+    n_dims: what to write as n_dims (damage); None writes len(ne). Negative ne are written modulo 2**64.
     """
 
     name: str | bytes
@@ -78,7 +68,7 @@ class Tensor:
     @property
     def type_id(self) -> int:
         t = self.ggml_type
-        return int(GGMLQuantizationType[t]) if isinstance(t, str) else int(t)
+        return GGML_TYPE_IDS[t] if isinstance(t, str) else int(t)
 
 
 @dataclass
@@ -87,7 +77,7 @@ class Layout:
 
     offsets: "version", "n_tensors", "n_kv", "kv:<key>" (the key's length field), "value:<key>" (its value
     type field), "tensor_info:<name>", "tensor_infos_end", "data" (the data section), "tensor:<name>"
-    (absolute data offset) and "end".
+    (absolute data offset) and "end"; for a repeated key or name, its first one.
     """
 
     data: bytes
@@ -96,11 +86,10 @@ class Layout:
 
 
 def tensor_nbytes(type_id: int, ne: Sequence[int]) -> int | None:
-    try:
-        bs, ts = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
-    except (KeyError, ValueError):
+    t = GGML_TYPES.get(type_id)
+    if t is None:
         return None
-    return max(0, math.prod(int(x) for x in ne)) // bs * ts
+    return max(0, math.prod(int(x) for x in ne)) // t.block_size * t.type_size
 
 
 def default_data(name: str | bytes, type_id: int, ne: Sequence[int]) -> bytes:
@@ -113,11 +102,6 @@ def default_data(name: str | bytes, type_id: int, ne: Sequence[int]) -> bytes:
         dtype = np.float32 if type_id == 0 else np.float16
         return rng.normal(0.0, 0.5, size=nbytes // np.dtype(dtype).itemsize).astype(dtype).tobytes()
     return rng.integers(0, 256, size=nbytes, dtype=np.uint8).tobytes()
-
-
-def _string(s: str | bytes) -> bytes:
-    b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
-    return struct.pack("<Q", len(b)) + b
 
 
 def _infer(value) -> Typed:
@@ -144,24 +128,24 @@ def _infer(value) -> Typed:
     raise TypeError(f"cannot infer a GGUF type for {value!r}")
 
 
+def _to_writer(value, element: bool = False) -> tuple[Any, Any]:
+    """`value` as `gguf_io.writer`'s (value, vtype); the elements of an array of arrays are inferred one by one.
+    A type id GGUF lacks (damage) becomes raw bytes: its type field(s), the element count, no payload."""
+    t = _infer(value)
+    etype = (VT.I32 if t.elem_type is None else t.elem_type) if t.vtype == VT.ARRAY else None
+    if t.vtype not in _KNOWN_VT or (etype is not None and etype not in _KNOWN_VT):
+        raw = b"" if etype is None else struct.pack("<IQ", etype, len(t.value))
+        return (raw if element else struct.pack("<I", t.vtype) + raw), None
+    if etype is None:
+        return t.value, int(t.vtype)
+    if etype == VT.ARRAY:
+        return [_to_writer(v, element=True) for v in t.value], (int(VT.ARRAY), int(VT.ARRAY))
+    return list(t.value), (int(VT.ARRAY), int(etype))
+
+
 def encode_value(value) -> bytes:
     """The value-type field followed by the encoded value."""
-    t = _infer(value)
-    return struct.pack("<I", int(t.vtype)) + _encode_payload(t)
-
-
-def _encode_payload(t: Typed) -> bytes:
-    if t.vtype == VT.STRING:
-        return _string(t.value)
-    if t.vtype == VT.ARRAY:
-        et = VT.I32 if t.elem_type is None else t.elem_type
-        items = list(t.value)
-        body = b"".join(_encode_payload(_infer(Typed(et, v)) if et != VT.ARRAY else _infer(v)) for v in items)
-        return struct.pack("<IQ", int(et), len(items)) + body
-    fmt = _FMT.get(t.vtype)
-    if fmt is None:
-        return b""  # an unknown type id (damage): no payload
-    return struct.pack(fmt, t.value)
+    return writer.encode_value(*_to_writer(value))
 
 
 def build_gguf(
@@ -186,52 +170,16 @@ def build_gguf(
     claimed = claimed.value if isinstance(claimed, Typed) else claimed
     align = claimed if isinstance(claimed, int) and claimed > 0 else 32
 
-    out = bytearray(magic)
-    lay = Layout(b"", {}, align)
-    lay.offsets["version"] = len(out)
-    out += struct.pack("<I", version)
-    lay.offsets["n_tensors"] = len(out)
-    out += struct.pack("<Q", len(tensors) if n_tensors is None else n_tensors)
-    lay.offsets["n_kv"] = len(out)
-    out += struct.pack("<Q", len(pairs) if n_kv is None else n_kv)
-    for key, value in pairs:
-        name = key if isinstance(key, str) else key.decode("utf-8", "replace")
-        lay.offsets.setdefault(f"kv:{name}", len(out))
-        out += _string(key)
-        lay.offsets.setdefault(f"value:{name}", len(out))
-        out += encode_value(value)
-
-    # Place the data: explicit offsets as given, the others one after another, aligned.
-    blobs, rel_offsets, cursor = [], [], 0
+    kvs = [(key, *_to_writer(value)) for key, value in pairs]
+    records = []
     for t in tensors:
         data = default_data(t.name, t.type_id, t.ne) if t.data is None else t.data
         data = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
-        rel = -(-cursor // align) * align if t.offset is None else t.offset
-        blobs.append(data)
-        rel_offsets.append(rel)
-        if data:  # a tensor written without data (damage) takes no room, wherever its offset points
-            cursor = max(cursor, rel + len(data))
-    for t, rel in zip(tensors, rel_offsets):
-        name = t.name if isinstance(t.name, str) else t.name.decode("utf-8", "replace")
-        lay.offsets[f"tensor_info:{name}"] = len(out)
-        out += _string(t.name)
-        out += struct.pack("<I", len(t.ne) if t.n_dims is None else t.n_dims)
-        out += b"".join(struct.pack("<Q", int(n) % 2**64) for n in t.ne)
-        out += struct.pack("<IQ", t.type_id, rel)
-    lay.offsets["tensor_infos_end"] = len(out)
-    data_start = -(-len(out) // align) * align
-    out += bytes(data_start - len(out))
-    lay.offsets["data"] = data_start
-    section = bytearray(cursor)
-    for t, rel, blob in zip(tensors, rel_offsets, blobs):
-        if blob:
-            section[rel : rel + len(blob)] = blob
-        name = t.name if isinstance(t.name, str) else t.name.decode("utf-8", "replace")
-        lay.offsets[f"tensor:{name}"] = data_start + rel
-    out += section
-    lay.offsets["end"] = len(out)
-    lay.data = bytes(out)
-    return lay
+        ne = [int(n) % 2**64 for n in t.ne]
+        records.append((writer.TensorRecord(t.name, ne, t.type_id, t.offset, t.n_dims), data))
+    data, offsets = writer.encode_gguf(kvs, records, align, pad_end=False, magic=magic, version=version,
+                                       n_tensors=n_tensors, n_kv=n_kv)
+    return Layout(data, offsets, align)
 
 
 def write_gguf(path: str | Path, metadata: dict | Sequence[tuple] = (), tensors: Sequence[Tensor] = (), **kw) -> Path:
