@@ -52,7 +52,7 @@ if has tests; then
   stamp "GPU tests"
   XDIST=; python3 -c 'import xdist' 2>/dev/null && XDIST="-n 6"
   HYBRID_SPLIT_REPORT=$OUT/split.jsonl NUMBA_NUM_THREADS=4 timeout -k 5 $(( $(left) < 330 ? $(left) : 330 )) \
-    python3 -m pytest -m gpu -q -rfE --tb=short -p no:cacheprovider $XDIST tests > "$OUT/tests.log" 2>&1
+    python3 -m pytest -m gpu -q -rfEs --tb=short -p no:cacheprovider $XDIST tests > "$OUT/tests.log" 2>&1
   stamp "tests rc=$?"
   grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30
   tail -n 3 "$OUT/tests.log"
