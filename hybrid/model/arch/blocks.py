@@ -1,15 +1,6 @@
-"""Shared blocks (norm, attention, FFN, MoE FFN) written once against the backend interface.
-
-A backend provides: matmul(Weight, x), matmuls(weights, x) (several weights times one x: q/k/v, gate/up; a backend
-may run them as one pass), get_rows(Weight, ids), rms_norm(x, w, eps), add_rms_norm(x, a, w, eps) (x + a
-and its norm, one pass where the backend can), rms_norm_heads(x, w, eps),
-rope(x, positions, n_rot, base, scale, mode), kv_store(kv, il, k, v, positions),
-attention(q, kv, il, positions, scale, n_swa), glu(gate, up, act), scale(x, s), take_rows(x, rows), zeros(shape),
-scatter_add(out, rows, y, weights), to_host(x), from_host(x), and fused_attention(spec, cfg, lw, il, x, positions,
-kv): layer_forward's attention part (from its norm to the post-attention norm: what is added to x) and
-fused_ffn(spec, cfg, lw, x, a): the rest (x + a, the FFN, the residual), each in the backend's own fused form, equal
-to the ops bit for bit, or None where the backend has none for this layer (then the ops above run one by one).
-"""
+"""Shared blocks (norm, attention, FFN, MoE FFN) written once against the backend interface,
+`hybrid.backends.base.Backend` (its ops, and the fused forms a backend may offer: fused_attention / fused_ffn
+return None where it has none, and the ops then run one by one)."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ PRESETS: dict[str, ModelShape] = {
 _ROPE_BASE = {"llama": 500000.0, "qwen2": 1e6, "qwen3": 1e6, "qwen3moe": 1e6, "gemma3": 1e6}
 _RMS_EPS = {"llama": 1e-5, "qwen2": 1e-6, "qwen3": 1e-6, "qwen3moe": 1e-6, "gemma3": 1e-6}
 
-# Weight draws, as the fixtures' generator (tests/fixtures/arch/README.md) at n_embd 256: matrices N(0, std)
+# Weight draws, as the fixtures' generator (tests/fixtures/arch/README.md, "Weight draws") at n_embd 256: matrices N(0, std)
 # with std scaled by sqrt(256 / n_in) for wider inputs (activations stay O(1) at any size); 1-D tensors N(mean, sd).
 _MATRIX_STD = {"token_embd": 0.05, "attn_q": 0.08, "attn_k": 0.08, "attn_v": 0.06, "attn_output": 0.06,
                "ffn_gate": 0.06, "ffn_up": 0.06, "ffn_down": 0.04, "output": 0.06, "ffn_gate_inp": 0.10,
