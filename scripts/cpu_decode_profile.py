@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where the time of one decode token goes on the CPU (every layer on the CPU), for docs/BENCHMARKS.md.
+"""Where the time of one decode token goes on the CPU (every layer on the CPU).
 
     python3 scripts/cpu_decode_profile.py [MODEL.gguf] [-t THREADS] [--depth 32] [-n 32] [--ab 3] [--json OUT.json]
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where the time of one decode token goes on the GPU (all layers offloaded), for docs/BENCHMARKS.md.
+"""Where the time of one decode token goes on the GPU (all layers offloaded).
 
     python3 scripts/decode_profile.py MODEL.gguf [--depth 64] [-ctk f16] [-ctv f16] [--json OUT.json]
 

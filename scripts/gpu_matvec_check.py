@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-# (type, n_out, n_in, calls in one Llama-8B Q4_K_M decode token), as docs/BENCHMARKS.md "Where one decode token goes"
+# (type, n_out, n_in, calls in one Llama-8B Q4_K_M decode token), as scripts/decode_profile.py lists them
 SHAPES = [("Q4_K", 14336, 4096, 64), ("Q4_K", 4096, 4096, 64), ("Q4_K", 4096, 14336, 16),
           ("Q4_K", 1024, 4096, 48), ("Q6_K", 4096, 14336, 16), ("Q6_K", 1024, 4096, 16),
           ("Q6_K", 128256, 4096, 1)]

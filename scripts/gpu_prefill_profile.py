@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where the time of one prefill micro-batch goes on the GPU (all layers offloaded), for docs/BENCHMARKS.md.
+"""Where the time of one prefill micro-batch goes on the GPU (all layers offloaded).
 
     python3 scripts/gpu_prefill_profile.py MODEL.gguf [-p 512] [--json OUT.json]
 

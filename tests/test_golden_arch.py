@@ -12,7 +12,7 @@ from hybrid.generate.sampling import log_softmax
 # (top-1 agreement >=, median KL <). The issue's bounds were 0.995/1e-4 (llama-f16), 0.97/1e-3 (other f16),
 # 0.88/1e-2 (dense q4_k_m), 0.75/5e-2 (moe). Our kernels quantize activations as llama.cpp's CPU backend does
 # (Q8_0 / Q8_K / F16 vec_dot types), so we reach far closer agreement and hold ourselves to tighter bounds
-# (measured: see docs/BENCHMARKS.md and the closing note of issue 3).
+# (measured: see docs/CORRECTNESS.md).
 BOUNDS = {
     "llama-f16": (0.995, 1e-5),
     "qwen2-f16": (0.98, 1e-4),
