@@ -9,26 +9,12 @@ from dataclasses import dataclass
 
 from gguf_io import ModelConfig
 
-from hybrid.errors import HybridError
-from hybrid.plan.placement import GPU_OVERHEAD_BYTES, PlacementPlan, kv_bytes_per_cell, plan, scratch_bytes
+from hybrid.plan.placement import (GPU_OVERHEAD_BYTES, Ngl, PlacementPlan, kv_bytes_per_cell, parse_ngl, plan,
+                                  scratch_bytes)
 from hybrid.system.sizes import MiB
-
-Ngl = int | str  # an int >= 0, "auto" or "all"
 
 STREAM_SLOTS = 3  # op offload's device slots: one read by the kernels, one being filled, one spare to run ahead
 STREAM_PIECE_MAX_BYTES = 64 * MiB  # a slot's size at most; larger matrices (an output layer) stream in row pieces
-
-
-def parse_ngl(value: int | str) -> Ngl:
-    """-ngl as llama.cpp takes it: N (repeating layers + output), 'auto' or 'all'; HybridError otherwise."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    key = str(value).strip().lower() or "0"
-    if key in ("auto", "all"):
-        return key
-    if key.isdigit():
-        return int(key)
-    raise HybridError(f"-ngl takes a number, 'auto' or 'all', got '{value}'")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,7 @@ from typing import Mapping
 
 from gguf_io import ModelConfig
 
-from hybrid.errors import PlacementError
+from hybrid.errors import HybridError, PlacementError
 from hybrid.kv.types import check_kv_types, kv_row_bytes
 from hybrid.plan.explain import reasons
 from hybrid.system.sizes import MiB, format_pair, format_size
@@ -40,6 +40,11 @@ GEMM_STACK_ELEMENTS = GEMM_CHUNK_ELEMENTS
 # llama.cpp pads the sliding-window cache (n_swa + n_ubatch) to a multiple of this many cells.
 SWA_PAD = 256
 GPU, CPU = "gpu", "cpu"
+Ngl = int | str  # -ngl: an int >= 0, "auto" or "all"
+
+
+class InvalidNgl(HybridError, ValueError):
+    """An -ngl that is not a count >= 0, 'auto' or 'all'."""
 
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 _EXPERTS = re.compile(r"^blk\.\d+\.ffn_(up|down|gate|gate_up)_(ch)?exps\.")  # llama.cpp's LLM_FFN_EXPS_REGEX
@@ -314,18 +319,21 @@ def plan(config: ModelConfig, tensors: Mapping, budget_bytes: int | None, ngl: i
     return costs.build(k, max_fit, ngl, budget, totals[k], totals[k + 1] if k < n_max else None)
 
 
-def _resolve_ngl(ngl: int | str, n_max: int, max_fit: int) -> int:
-    if isinstance(ngl, str):
-        key = ngl.strip().lower()
-        if key == "auto":
-            return max_fit
-        if key == "all":
-            return n_max
-        if key.isdigit():
-            ngl = int(key)
-    if isinstance(ngl, bool) or not isinstance(ngl, int) or ngl < 0:
-        raise ValueError(f"ngl must be an integer >= 0, 'all' or 'auto', found {ngl!r}")
-    return min(ngl, n_max)
+def _resolve_ngl(ngl: Ngl, n_max: int, max_fit: int) -> int:
+    ngl = parse_ngl(ngl)
+    return max_fit if ngl == "auto" else n_max if ngl == "all" else min(ngl, n_max)
+
+
+def parse_ngl(value: int | str) -> Ngl:
+    """-ngl as llama.cpp takes it: N (repeating layers + output), 'auto' or 'all'; InvalidNgl otherwise."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    key = str(value).strip().lower() or "0"
+    if key in ("auto", "all"):
+        return key
+    if key.isdigit():
+        return int(key)
+    raise InvalidNgl(f"-ngl takes a number, 'auto' or 'all', got '{value}'")
 
 
 def _too_big(k: int, parts: tuple[int, int, int, int], budget: int, max_fit: int) -> str:
