@@ -63,7 +63,7 @@ class OpOffload:
         """Batches run, bytes streamed, and how: DMA straight from page-locked host memory, or staged copies."""
         how = {None: "", "": ", direct from page-locked host memory"}.get(
             self.register_note, f", staged through pinned buffers ({self.register_note})")
-        return f"{self.batches} batches, {self.streamed_bytes / 2**30:.2f} GiB streamed{how}"
+        return f"{self.batches} batches, {format_size(self.streamed_bytes, 2)} streamed{how}"
 
     def wants(self, n_tokens: int) -> bool:
         return wants_offload(n_tokens, self.min_batch)

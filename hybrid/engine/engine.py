@@ -30,6 +30,7 @@ from hybrid.plan.placement import PlacementPlan
 from hybrid.system.memlock import prepare_cpu_weights
 from hybrid.system.numa import check_mode as check_numa_mode
 from hybrid.system.numa import memory_policy
+from hybrid.system.sizes import format_size
 from hybrid.text.tokenizer import Tokenizer
 
 Progress = Callable[[str], None] | None
@@ -66,7 +67,7 @@ class Engine:
                 if progress:
                     pl = engine.placement
                     progress(f"offloaded {pl.n_gpu_layers}/{engine.config.n_layer + 1} layers to the GPU "
-                             f"({pl.gpu_total_bytes / 2**30:.2f} GiB of a {budget / 2**30:.2f} GiB budget)")
+                             f"({format_size(pl.gpu_total_bytes, 2)} of a {format_size(budget, 2)} budget)")
             if p.op_offload:
                 engine.op_offload = make_op_offload(engine.backends, engine.output_backend, engine.config,
                                                     engine.gguf.tensors, p.n_ctx, p.n_ubatch, p.type_k, p.type_v,
@@ -128,7 +129,7 @@ class Engine:
             done = repack_weights(self.weights, cpu_layers, on_cpu)
         if done.n_matrices and progress:
             progress(f"repack: {done.n_matrices} matrices ({', '.join(done.types)}) interleaved by 8 rows for the "
-                     f"CPU ({done.n_bytes / 2**20:.1f} MiB)")
+                     f"CPU ({format_size(done.n_bytes)})")
 
     @property
     def cpu(self) -> CpuBackend:
