@@ -44,7 +44,8 @@ def _hybrid_imports(path: Path) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             mods = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, f"{path.relative_to(ROOT)}:{node.lineno}: relative import (hybrid/ uses absolute ones)"
+            if node.level:
+                raise AssertionError(f"{path}:{node.lineno}: relative import (hybrid/ uses absolute ones)")
             mods = [node.module or ""]
             if node.module == "hybrid":
                 mods = [f"hybrid.{a.name}" for a in node.names]

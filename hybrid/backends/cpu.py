@@ -1,4 +1,4 @@
-"""CpuBackend: the backend interface of `hybrid/backends/base.py` (used by `hybrid/model/arch/blocks.py`) on Numba kernels over quantized blocks."""
+"""CpuBackend: the Backend Protocol (`hybrid/backends/base.py`) on Numba kernels over quantized blocks."""
 
 from __future__ import annotations
 

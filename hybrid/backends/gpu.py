@@ -1,4 +1,4 @@
-"""GpuBackend: the backend interface of `hybrid/backends/base.py` (used by `hybrid/model/arch/blocks.py`) on CUDA kernels (kernels_gpu) over quantized blocks.
+"""GpuBackend: the Backend Protocol (`hybrid/backends/base.py`) on CUDA kernels (kernels_gpu) over quantized blocks.
 
 Arrays are cupy float32 on the current device. A layer's weights are copied to the device once with `upload`
 (raw quantized bytes as they are, 1-D weights as float32); `from_host` / `to_host` move activations through

@@ -4,8 +4,8 @@ tokens runs the CPU-resident layers on the GPU, their weights streamed from host
 Only the KV cache of those layers stays where it is, in host memory (hybrid/backends/offload.py). The matrices
 go through a WeightStream (kernels_gpu.transfer): a ring of STREAM_SLOTS device slots filled ahead of their use
 from pinned chunks, in the order the layers use them (`stream_order`); a matrix larger than a slot streams in
-row pieces. Here: the decision, that order, and OpOffload (the sizes the plan reserves are in hybrid/plan/budget.py), which swaps
-the CPU layers of a batch for the offload backend and hands out the streamed pieces.
+row pieces. Here: the decision, that order, and OpOffload, which swaps the CPU layers of a batch for the offload
+backend and hands out the streamed pieces (the sizes the plan reserves for it are in hybrid/plan/budget.py).
 """
 
 from __future__ import annotations

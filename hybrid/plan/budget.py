@@ -1,6 +1,6 @@
-"""The one way a run's flags become a plan: `-ngl` parsed once, the GPU overhead (op offload's buffers included)
-counted once, and `plan_for`, which `hybrid run`, `--explain`, `hybrid probe` and `-ngl auto` all call, so the
-same flags show the same bytes everywhere."""
+"""The one way a run's flags become a plan: the GPU overhead (op offload's buffers included) counted once, and
+`plan_for`, which `hybrid run`, `--explain`, `hybrid probe` and `-ngl auto` all call, so the same flags show the
+same bytes everywhere (-ngl is parsed by placement.parse_ngl, which plan() itself uses)."""
 
 from __future__ import annotations
 

@@ -46,6 +46,7 @@ Ngl = int | str  # -ngl: an int >= 0, "auto" or "all"
 class InvalidNgl(HybridError, ValueError):
     """An -ngl that is not a count >= 0, 'auto' or 'all'."""
 
+
 _LAYER = re.compile(r"^blk\.(\d+)\.")
 _EXPERTS = re.compile(r"^blk\.\d+\.ffn_(up|down|gate|gate_up)_(ch)?exps\.")  # llama.cpp's LLM_FFN_EXPS_REGEX
 

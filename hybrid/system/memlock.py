@@ -105,8 +105,8 @@ def place_ranges(ranges: list[tuple[int, int]], mode: str) -> None:
 
 def prepare_cpu_weights(arrays: Iterable[np.ndarray], numa_mode: str = "",
                         mlock: bool = False) -> tuple[list[str], LockResult | None]:
-    """--numa then --mlock on the CPU-resident weights' arrays (ModelWeights.host_arrays()). Returns the lines to show the user and the lock (None
-    when --mlock is off; its ranges empty when refused)."""
+    """--numa then --mlock on the CPU-resident weights' arrays (ModelWeights.host_arrays()). Returns the lines to
+    show the user and the lock (None when --mlock is off; its ranges empty when refused)."""
     notes = []
     note = numa.numa_note(numa_mode)
     ranges = page_ranges(arrays) if (note or mlock) else []
