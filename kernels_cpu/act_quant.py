@@ -1,9 +1,13 @@
 """Activation conversion to a weight type's vec_dot_type, as ggml does before a matrix product.
 
-Q8_0 and Q8_K follow ggml's reference `quantize_row_q8_0_ref` / `quantize_row_q8_K_ref` bit for bit, but are
-stored as separate arrays (structure of arrays) rather than packed blocks, so kernels index them directly:
+Q8_0, Q8_1 and Q8_K follow ggml's reference `quantize_row_q8_0_ref` / `quantize_row_q8_1_ref` /
+`quantize_row_q8_K_ref` bit for bit, but are stored as separate arrays (structure of arrays) rather than packed
+blocks, so kernels index them directly:
   block_q8_0: d (fp16), qs[32] int8
         -> qs int8 (n_tok, n_in), d float32 (n_tok, n_in/32) holding the fp16 value
+  block_q8_1: d (fp16), s (fp16), qs[32] int8: qs and d as Q8_0's; s = d * sum(qs) with the unrounded d, then
+        rounded to fp16 (the min term of Q4_1/Q5_1 dots multiplies it)
+        -> qs, d as Q8_0's, s float32 (n_tok, n_in/32) holding the fp16 value
   block_q8_K: d (f32), qs[256] int8, bsums[16] int16
         -> qs int8 (n_tok, n_in), d float32 (n_tok, n_in/256), bsums int16 (n_tok, n_in/16)
 These functions are compiled without fastmath: they must round exactly like C (the vector rounding in
@@ -128,6 +132,43 @@ def quantize_q8_0_token(xf, qf, d, t, n_in):
         idb = np.float32(1.0) / db if db != 0.0 else np.float32(0.0)
         d[t, b] = round_f16(db) if HAS_F16C else f32_to_f16_value(db)
         quantize32(xf, base, idb, qf, base, False)
+
+
+@njit(inline="always")
+def quantize_q8_1_token(xf, qf, d, s, t, n_in):
+    # quantize_row_q8_1_ref: qs and d as Q8_0's; s = fp16(sum(qs) * d), d before its fp16 rounding.
+    for b in range(n_in // QK8_0):
+        base = t * n_in + b * QK8_0
+        db = absmax32(xf, base) / np.float32(127.0)
+        idb = np.float32(1.0) / db if db != 0.0 else np.float32(0.0)
+        d[t, b] = round_f16(db) if HAS_F16C else f32_to_f16_value(db)
+        quantize32(xf, base, idb, qf, base, False)
+        total = 0
+        for j in range(base, base + QK8_0):
+            total += np.int32(qf[j])
+        sb = np.float32(total) * db
+        if HAS_F16C:
+            s[t, b] = round_f16(sb)
+        else:
+            s[t, b] = f32_to_f16_value(sb) if sb >= 0 else -f32_to_f16_value(-sb)
+
+
+@njit(cache=True)
+def quantize_q8_1_rows(x, qs, d, s):
+    """Fill qs int8 (n_tok, n_in), d and s float32 (n_tok, n_in // 32) from C-contiguous x float32 (n_tok, n_in)."""
+    n_tok, n_in = x.shape
+    for t in range(n_tok):
+        quantize_q8_1_token(x.reshape(x.size), qs.reshape(qs.size), d, s, t, n_in)
+
+
+def quantize_q8_1(x):
+    """x float32 (n_tok, n_in), n_in % 32 == 0 -> (qs int8 (n_tok, n_in), d, s float32 (n_tok, n_in // 32))."""
+    n_tok, n_in = x.shape
+    qs = np.empty((n_tok, n_in), dtype=np.int8)
+    d = np.empty((n_tok, n_in // QK8_0), dtype=np.float32)
+    s = np.empty((n_tok, n_in // QK8_0), dtype=np.float32)
+    quantize_q8_1_rows(np.ascontiguousarray(x), qs, d, s)
+    return qs, d, s
 
 
 @njit(cache=True)

@@ -51,9 +51,10 @@ def int_dots(x, mats, ys, empty_w, empty_y, n_threads):
         if fam == FAM_LEGACY:
             qs = np.empty((n_tok, n_in), dtype=np.int8)
             d = np.empty((n_tok, n_in // 32), dtype=np.float32)
-            act_quant.quantize_q8_0_rows(x, qs, d)
-            vec_dot_legacy.matmul_q8_0_act(a0, a1, a2, c0, c1, c2, qs, d, o0, o1, o2, per_task, rows_per_block,
-                                           n_threads, counter)
+            sums = np.empty((n_tok, n_in // 32), dtype=np.float32)
+            act_quant.quantize_q8_1_rows(x, qs, d, sums)
+            vec_dot_legacy.matmul_q8_0_act(a0, a1, a2, c0, c1, c2, qs, d, sums, o0, o1, o2, per_task,
+                                           rows_per_block, n_threads, counter)
         else:
             qs = np.empty((n_tok, n_in), dtype=np.int8)
             d = np.empty((n_tok, n_in // 256), dtype=np.float32)

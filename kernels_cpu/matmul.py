@@ -98,9 +98,10 @@ def _int_slots(ws, kinds, ys):
 
 def _legacy_dots(ws, kinds, x, ys):
     """Integer dots of up to three legacy-type weights with x (n_tok, n_in), quantized to Q8_0 once for all."""
-    qs, d = act_quant.quantize_q8_0(x)
+    qs, d, sums = act_quant.quantize_q8_1(x)  # Q8_0's qs and d, and block_q8_1's s for the types with a min
     (w0, w1, w2), (k0, k1, k2), (y0, y1, y2) = _int_slots(ws, kinds, ys)
-    vec_dot_legacy.matmul_q8_0_act(w0, w1, w2, k0, k1, k2, qs, d, y0, y1, y2, *_int_tasking(ws), sched.new_counter())
+    vec_dot_legacy.matmul_q8_0_act(w0, w1, w2, k0, k1, k2, qs, d, sums, y0, y1, y2, *_int_tasking(ws),
+                                   sched.new_counter())
 
 
 def _k_dots(ws, kinds, x, ys):
@@ -112,15 +113,30 @@ def _k_dots(ws, kinds, x, ys):
 
 
 def _legacy_runner(kind):
+    with_min = kind in (vec_dot_legacy.Q4_1, vec_dot_legacy.Q5_1)
+
     def run(w, x, y):
         if x.shape[0] >= GEMM_MIN_TOKENS:
-            qs, d = act_quant.quantize_q8_0(x)
+            qs, d, sums = act_quant.quantize_q8_1(x)
             gemm_f32.gemm(w, gemm_f32.LEGACY, kind, gemm_f32.pack_q8(qs, d, 32), x.shape[0], y,
                           numba.get_num_threads())
+            if with_min:
+                _q8_1_min_term(w, qs, d, sums, y)
         else:
             _legacy_dots((w,), (kind,), x, (y,))
 
     return run
+
+
+def _q8_1_min_term(w, qs, d, sums, y):
+    """The GEMM multiplies Q4_1/Q5_1 rows (d_w q + m) by the activations d_x q8, so its min term is m d_x sum(q8);
+    ggml's is m s with block_q8_1's s = fp16(d_x sum(q8)) (d_x unrounded): y += (s - d_x sum(q8)) . m per block.
+    w: uint8 (n_out, nb * type_size) with the fp16 min at bytes 2-3 of each block; y: (n_tok, n_out) float32."""
+    n_tok, n_in = qs.shape
+    nb = n_in // 32
+    mins = np.ascontiguousarray(w.reshape(w.shape[0], nb, -1)[:, :, 2:4]).view(np.float16)[..., 0]  # (n_out, nb)
+    q_sums = qs.reshape(n_tok, nb, 32).sum(axis=2, dtype=np.int32).astype(np.float32)
+    y += (sums - d * q_sums) @ mins.T.astype(np.float32)
 
 
 def _k_runner(kind):
@@ -151,7 +167,8 @@ KERNELS: dict[str, CpuKernel] = {
     "F32": CpuKernel("F32", 1, 4, "F32", _float_runner(_G.F32, lambda x: x, _small_f32)),
     "F16": CpuKernel("F16", 1, 2, "F16", _float_runner(_G.F16, act_quant.round_to_f16, _small_f16)),
     "BF16": CpuKernel("BF16", 1, 2, "BF16", _float_runner(_G.BF16, act_quant.round_to_bf16, _small_bf16)),
-    # Q4_1/Q5_1 use Q8_1 in ggml; Q8_0 values carry the same information (the block sum term is exact here).
+    # Q4_1/Q5_1 use Q8_1 in ggml: Q8_0's qs and d, and s (fp16 of d * sum(qs)) for the min term; the legacy family
+    # quantizes to Q8_1 once for all its types (the signed ones read qs and d only).
     "Q4_0": CpuKernel("Q4_0", 32, 18, "Q8_0", _legacy_runner(_L.Q4_0)),
     "Q4_1": CpuKernel("Q4_1", 32, 20, "Q8_0", _legacy_runner(_L.Q4_1)),
     "Q5_0": CpuKernel("Q5_0", 32, 22, "Q8_0", _legacy_runner(_L.Q5_0)),

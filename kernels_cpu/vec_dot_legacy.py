@@ -1,13 +1,15 @@
-"""SIMD dot products of raw 32-element GGML blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) with Q8_0
-activations, as ggml's ggml_vec_dot_*_q8_0 on AVX2, plus the float32 row decoders the batched GEMM uses.
+"""SIMD dot products of raw 32-element GGML blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) with Q8_0 (Q8_1 for
+Q4_1/Q5_1) activations, as ggml's ggml_vec_dot_*_q8_0 on AVX2, plus the float32 row decoders the batched GEMM uses.
 
 Per block the weight codes are unpacked into one 32-byte vector (`simd`), multiplied with the 32 int8
 activations into exact int32 lanes (vpmaddubsw/vpmaddwd), converted to float32 and accumulated with the
 block scale d_w * d_x: y = sum_b d_w[b] d_x[b] sum_j q[j] q8[j] (+ m[b] * d_x[b] sum_j q8[j] for Q4_1/Q5_1).
 Signed codes (Q4_0 q-8, Q5_0 q-16, Q8_0, IQ4_NL levels) go through |q| and sign(q) * q8 like ggml.
 
-Activations: xq int8 (n_tok, n_in), xd float32 (n_tok, n_in/32); the driver adds xs float32 (n_tok, n_in/32)
-= d_x * sum q8 for Q4_1/Q5_1. Weight offsets are linear byte offsets into the C-contiguous (n_out, row_bytes) w.
+Activations: xq int8 (n_tok, n_in), xd float32 (n_tok, n_in/32), and for Q4_1/Q5_1 xs float32 (n_tok, n_in/32):
+block_q8_1's s, fp16(d_x * sum q8) with d_x before its fp16 rounding (kernels_cpu.act_quant.quantize_q8_1), as
+ggml_vec_dot_q4_1_q8_1 multiplies the weight's min by it. (d_x16 * sum q8 instead, the same in exact arithmetic,
+moved SmolLM2-135M Q4_1's perplexity by +0.2% from llama.cpp's and from a float64 forward.) Weight offsets are linear byte offsets into the C-contiguous (n_out, row_bytes) w.
 """
 
 import numpy as np
@@ -251,11 +253,13 @@ def _signed(kind):
 
 
 @njit(cache=True, parallel=True, fastmath=True)
-def matmul_q8_0_act(w0, w1, w2, k0, k1, k2, xq, xd, y0, y1, y2, rows_per_task, rows_per_block, n_threads, counter):
+def matmul_q8_0_act(w0, w1, w2, k0, k1, k2, xq, xd, xs, y0, y1, y2, rows_per_task, rows_per_block, n_threads,
+                    counter):
     """y_m[t, r] = row r of w_m . token t for up to three weights times the same tokens (q/k/v, gate/up), for n_tok
     small enough that integer dots beat the float GEMM; an unused slot is a weight of 0 rows.
 
-    w_m: uint8 (n_out_m, row_bytes_m) raw blocks of type k_m; xq/xd: Q8_0 activations (module docstring);
+    w_m: uint8 (n_out_m, row_bytes_m) raw blocks of type k_m; xq/xd/xs: Q8_1 activations (module docstring; the
+    signed types read xq and xd only, as Q8_0's);
     y_m: float32 (n_tok, n_out_m); n_threads: numba.get_num_threads(); counter:
     kernels_cpu.sched.new_counter(). Tasks of `rows_per_task`
     contiguous rows, first all of w0's, then w1's, then w2's, are claimed one at a time by the threads (one parallel
@@ -264,14 +268,6 @@ def matmul_q8_0_act(w0, w1, w2, k0, k1, k2, xq, xd, y0, y1, y2, rows_per_task, r
     """
     n_tok, n_in = xq.shape
     nb = n_in // QK
-    xs = np.zeros((n_tok, nb), dtype=np.float32)  # d_x * sum q8 per block (Q4_1, Q5_1): exact (11 x 13 bits)
-    if not (_signed(k0) and _signed(k1) and _signed(k2)):  # only the types with a min use it
-        for t in range(n_tok):
-            for b in range(nb):
-                s = 0
-                for j in range(b * QK, (b + 1) * QK):
-                    s += np.int32(xq[t, j])
-                xs[t, b] = xd[t, b] * np.float32(s)
     t0 = (w0.shape[0] + rows_per_task - 1) // rows_per_task
     t1 = (w1.shape[0] + rows_per_task - 1) // rows_per_task
     n_tasks = t0 + t1 + (w2.shape[0] + rows_per_task - 1) // rows_per_task

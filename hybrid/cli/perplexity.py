@@ -25,7 +25,7 @@ def perplexity(
     params: EngineParams = EngineParams(),
 ) -> None:
     """Perplexity of a text, as llama-perplexity computes it: chunks of -c tokens, each from an empty cache with
-    its first token replaced by BOS, the second half of each chunk scored."""
+    its first token replaced by BOS (for a model that adds BOS), the second half of each chunk scored."""
     with open(file, "rb") as fh:
         raw = fh.read()
     text = raw.decode("utf-8", errors="replace")
@@ -36,7 +36,7 @@ def perplexity(
     engine, _ = load_engine(model, replace(params, n_batch=batch, n_ubatch=min(params.n_ubatch, batch)))
     tok = engine.tokenizer
     tokens = tok.encode(text, add_special=True, parse_special=False)
-    chunk_list = chunk_tokens(tokens, ctx, tok.bos_id, chunks)
+    chunk_list = chunk_tokens(tokens, ctx, tok.bos_id if tok.add_bos else None, chunks)
     if not json_out:
         note(f"perplexity: {len(tokens)} tokens, {len(chunk_list)} chunks of {ctx}")
 

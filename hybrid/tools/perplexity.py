@@ -1,5 +1,5 @@
-"""llama-perplexity's algorithm: chunks of n_ctx tokens from an empty cache, first token replaced by BOS,
-only the second half scored; PPL = exp(mean NLL), ± as llama.cpp prints it."""
+"""llama-perplexity's algorithm: chunks of n_ctx tokens from an empty cache, the first token replaced by BOS when
+the model adds one (add_bos_token), only the second half scored; PPL = exp(mean NLL), ± as llama.cpp prints it."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ class PerplexityStep:
     n_scored: int
 
 
-def chunk_tokens(tokens: list[int], n_ctx: int, bos_id: int, n_chunks: int | None = None) -> list[list[int]]:
-    """The evaluated chunks: tokens[k*n_ctx:(k+1)*n_ctx] with the first token replaced by BOS."""
+def chunk_tokens(tokens: list[int], n_ctx: int, bos_id: int | None, n_chunks: int | None = None) -> list[list[int]]:
+    """The evaluated chunks: tokens[k*n_ctx:(k+1)*n_ctx], the first token replaced by bos_id unless it is None
+    (llama-perplexity replaces it only for a model that adds BOS: pass None when the tokenizer's add_bos is off)."""
     if n_ctx < 4:
         raise ContextTooLarge(f"perplexity needs a context of at least 4 tokens, got -c {n_ctx}")
     total = len(tokens) // n_ctx
@@ -34,7 +35,8 @@ def chunk_tokens(tokens: list[int], n_ctx: int, bos_id: int, n_chunks: int | Non
     chunks = []
     for k in range(n):
         c = list(tokens[k * n_ctx : (k + 1) * n_ctx])
-        c[0] = bos_id
+        if bos_id is not None:
+            c[0] = bos_id
         chunks.append(c)
     return chunks
 
