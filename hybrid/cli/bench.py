@@ -9,7 +9,7 @@ import itertools
 import json
 import sys
 from dataclasses import replace
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -20,7 +20,7 @@ from hybrid.tools.info import model_type
 
 from hybrid.system.sizes import format_size
 from hybrid.cli.common import fmt_count
-from hybrid.cli.options import SYSTEM_FLAGS, engine_flags
+from hybrid.cli.options import SYSTEM_FLAGS, ModelArgument, ModelOpt, check_batch, check_threads, engine_flags
 from hybrid.cli.session import load_engine, note
 
 
@@ -37,11 +37,12 @@ def _strs(text: str) -> list[str]:
 
 @engine_flags(*SYSTEM_FLAGS)
 def bench(
-    model: Annotated[Optional[str], typer.Option("-m", "--model", help="GGUF model (default: the demo model).")] = None,
+    model: ModelArgument = None,
+    model_opt: ModelOpt = None,  # merged into `model` while the flags are parsed
     n_prompt: Annotated[str, typer.Option("-p", "--n-prompt", help="Prompt lengths to test (pp), comma-separated.")] = "512",
     n_gen: Annotated[str, typer.Option("-n", "--n-gen", help="Generation lengths to test (tg), comma-separated.")] = "128",
     pg: Annotated[list[str], typer.Option("-pg", help="Prompt+generation test 'PP,TG' (repeatable).")] = [],
-    threads: Annotated[str, typer.Option("-t", "--threads", help="Thread counts, comma-separated (0 = physical cores).")] = "0",
+    threads: Annotated[str, typer.Option("-t", "--threads", help="Thread counts, comma-separated (-1 or 0 = one per physical core).")] = "-1",
     ngl: Annotated[str, typer.Option("-ngl", "--n-gpu-layers", help="GPU layer counts, comma-separated.")] = "0",
     ctk: Annotated[str, typer.Option("-ctk", "--cache-type-k", help="K cache types, comma-separated.")] = "f16",
     ctv: Annotated[str, typer.Option("-ctv", "--cache-type-v", help="V cache types, comma-separated.")] = "f16",
@@ -64,19 +65,25 @@ def bench(
     pairs = []
     for item in pg:
         vals = _ints(item, "-pg")
-        if len(vals) != 2:
-            raise typer.BadParameter(f"-pg takes 'PP,TG', got '{item}'")
+        if len(vals) != 2 or min(vals) < 0:
+            raise typer.BadParameter(f"-pg takes 'PP,TG' (two counts >= 0), got '{item}'")
         pairs.append((vals[0], vals[1]))
     tests = tests_from(_ints(n_prompt, "-p"), _ints(n_gen, "-n"), pairs)
     if not tests:
         raise typer.BadParameter("nothing to run: give -p, -n or -pg with values > 0")
+    if reps < 1:
+        raise typer.BadParameter(f"{reps} is below 1", param_hint="'-r'")
+    thread_counts = [check_threads(t, "'-t'") for t in _ints(threads, "-t")]  # before anything is loaded
+    batches = [check_batch(b, "'-b'") for b in _ints(batch, "-b")]
+    ubatches = [check_batch(ub, "'-ub'") for ub in _ints(ubatch, "-ub")]
     machine = probe_machine()
     rows: list[dict] = []
-    combos = itertools.product(_ints(ngl, "-ngl"), _strs(ctk), _strs(ctv), _ints(fa, "-fa"), _ints(batch, "-b"),
-                               _ints(ubatch, "-ub"), _ints(threads, "-t"), _ints(nopo, "-nopo"), _ints(no_repack, "-nr"))
+    combos = itertools.product(_ints(ngl, "-ngl"), _strs(ctk), _strs(ctv), _ints(fa, "-fa"), batches, ubatches,
+                               thread_counts, _ints(nopo, "-nopo"), _ints(no_repack, "-nr"))
     for n_gl, tk, tv, fa_on, b, ub, t, po_off, nr in combos:
         engine, _ = load_engine(model, replace(params, n_ctx=4096, n_batch=b, n_ubatch=ub, type_k=tk, type_v=tv,
-                                               n_threads=t, n_gpu_layers=n_gl, op_offload=not po_off, repack=not nr))
+                                               n_threads=max(t, 0), n_gpu_layers=n_gl, op_offload=not po_off,
+                                               repack=not nr), warn_ctx=False)
         import numba  # noqa: PLC0415 - the thread count in effect
 
         n_threads = numba.get_num_threads()

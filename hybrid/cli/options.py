@@ -1,12 +1,17 @@
 """Every option shared by more than one command, declared once (llama.cpp's flag names), and `engine_flags`,
 which gives a command the loading flags it names and hands it one EngineParams built from them.
 
-A new loading flag: its Annotated declaration here, one entry in ENGINE_FLAGS, one field of EngineParams."""
+A new loading flag: its Annotated declaration here (with its range check: a callback whose typer.BadParameter is a
+usage error, exit 2, before anything loads), one entry in ENGINE_FLAGS, one field of EngineParams. The model is
+MODEL or -m/--model (ModelArgument, ModelOpt), merged while the flags are parsed."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, Optional
@@ -19,10 +24,121 @@ from hybrid.system.numa import check_mode as check_numa_mode
 from hybrid.system.sizes import parse_size
 from hybrid.system.threads import select_cpus
 
-CtxOpt = Annotated[int, typer.Option("-c", "--ctx-size", help="Context size in tokens (0 = the model's training context).")]
-BatchOpt = Annotated[int, typer.Option("-b", "--batch-size", help="Logical batch: prompt tokens per eval call.")]
-UBatchOpt = Annotated[int, typer.Option("-ub", "--ubatch-size", help="Physical micro-batch through the layers.")]
-ThreadsOpt = Annotated[int, typer.Option("-t", "--threads", help="CPU threads (0 = number of physical cores).")]
+from hybrid.cli.common import ModelArg
+
+
+# -- range checks: a bad value is a usage error (exit 2) before anything is loaded ------------------------------
+# The messages are short: typer prints them after "Invalid value for '-t' / '--threads': " in an 80-column box.
+def logical_cpus() -> int:
+    return os.cpu_count() or 1
+
+
+def check_threads(value: int, hint: str | None = None) -> int:
+    """-t: 1 to the machine's logical CPUs, or -1 (llama.cpp's default) / 0 for one thread per physical core."""
+    n = logical_cpus()
+    if value < -1 or value > n:
+        raise typer.BadParameter(f"{value}: give 1 to {n} (logical CPUs) or -1", param_hint=hint)
+    return value
+
+
+def check_batch(value: int, hint: str | None = None) -> int:
+    if value <= 0:
+        raise typer.BadParameter(f"{value} is below 1", param_hint=hint)
+    return value
+
+
+def _threads(value: int) -> int:
+    return check_threads(value)
+
+
+def at_least(low: int, meaning: str = "") -> Callable[[int], int]:
+    """A callback refusing values below `low` (`meaning`: what `low` itself means, said in the message)."""
+
+    def check(value: int) -> int:
+        if value < low:
+            raise typer.BadParameter(f"{value} is below {low}" + (f" ({low} = {meaning})" if meaning else ""))
+        return value
+
+    return check
+
+
+def _top_p(value: float) -> float:
+    if not 0.0 < value <= 1.0:  # NaN fails too
+        raise typer.BadParameter(f"{value} is not in (0, 1] (1.0 = off)")
+    return value
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise typer.BadParameter(f"{value}: give a finite number")
+    return value
+
+
+def _repeat_penalty(value: float) -> float:
+    if not (math.isfinite(value) and value > 0.0):
+        raise typer.BadParameter(f"{value}: give a value above 0 (1 = off)")
+    return value
+
+
+# -- the model: MODEL, or -m/--model as llama.cpp's tools take it --------------------------------------------------
+# Merged while the flags are parsed (whichever of the two is parsed second merges), so `model` holds the model
+# before the command, or anything wrapping it, runs; `model_opt` is then only a duplicate.
+def _same_model(a: str, b: str) -> bool:
+    if a == b:
+        return True
+    try:
+        return os.path.samefile(os.path.expanduser(a), os.path.expanduser(b))
+    except OSError:
+        return False
+
+
+def _merge_models(positional: Optional[str], option: Optional[str]) -> Optional[str]:
+    if positional is not None and option is not None and not _same_model(positional, option):
+        raise typer.BadParameter(f"'{positional}' and -m '{option}' differ: give one model")
+    return positional if positional is not None else option
+
+
+def _model_positional(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
+    return value if ctx.resilient_parsing else _merge_models(value, ctx.params.get("model_opt"))
+
+
+def _model_option(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
+    if not ctx.resilient_parsing:
+        _merge_models(ctx.params.get("model"), value)
+    return value
+
+
+def _with_callback(declaration: Any, callback: Callable) -> Any:
+    """An Annotated typer declaration with a callback added (its help and the rest as declared)."""
+    info = copy.copy(declaration.__metadata__[0])
+    info.callback = callback
+    return Annotated[declaration.__origin__, info]
+
+
+ModelArgument = _with_callback(ModelArg, _model_positional)  # MODEL, as common.ModelArg declares it
+ModelOpt = Annotated[
+    Optional[str],
+    typer.Option("-m", "--model", callback=_model_option, show_default=False,
+                 help="The model, as llama.cpp's -m: the same as MODEL (give one of the two)."),
+]
+
+
+CtxOpt = Annotated[
+    int,
+    typer.Option("-c", "--ctx-size", callback=at_least(0, "as trained"),
+                 help="Context size in tokens (0 = the model's training context)."),
+]
+BatchOpt = Annotated[
+    int, typer.Option("-b", "--batch-size", callback=at_least(1), help="Logical batch: prompt tokens per eval call.")
+]
+UBatchOpt = Annotated[
+    int, typer.Option("-ub", "--ubatch-size", callback=at_least(1), help="Physical micro-batch through the layers.")
+]
+ThreadsOpt = Annotated[
+    int,
+    typer.Option("-t", "--threads", callback=_threads,
+                 help="CPU threads: 1 to this machine's logical CPUs (-1 or 0 = one per physical core)."),
+]
 CtkOpt = Annotated[str, typer.Option("-ctk", "--cache-type-k", help="KV cache type for K: f16, q8_0, q4_0, f32.")]
 CtvOpt = Annotated[str, typer.Option("-ctv", "--cache-type-v", help="KV cache type for V: f16, q8_0, q4_0, f32.")]
 NglOpt = Annotated[
@@ -30,14 +146,26 @@ NglOpt = Annotated[
     typer.Option("-ngl", "--n-gpu-layers", help="Layers on the GPU: N (repeating layers + output, as llama.cpp), 'auto' or 'all'."),
 ]
 SeedOpt = Annotated[int, typer.Option("-s", "--seed", help="RNG seed (-1 = random). Same seed, same output.")]
-TempOpt = Annotated[float, typer.Option("--temp", help="Temperature (0 = greedy).")]
+TempOpt = Annotated[float, typer.Option("--temp", callback=_finite, help="Temperature (0 or below = greedy).")]
 TopKOpt = Annotated[int, typer.Option("--top-k", help="Top-k sampling (0 = off).")]
-TopPOpt = Annotated[float, typer.Option("--top-p", help="Top-p (nucleus) sampling (1.0 = off).")]
-MinPOpt = Annotated[float, typer.Option("--min-p", help="Min-p sampling (0.0 = off).")]
-RepeatPenaltyOpt = Annotated[float, typer.Option("--repeat-penalty", help="Penalize repeated tokens (1.0 = off).")]
-RepeatLastNOpt = Annotated[int, typer.Option("--repeat-last-n", help="Tokens the penalties look back over (-1 = all).")]
-PresenceOpt = Annotated[float, typer.Option("--presence-penalty", help="Presence penalty (0.0 = off).")]
-FrequencyOpt = Annotated[float, typer.Option("--frequency-penalty", help="Frequency penalty (0.0 = off).")]
+TopPOpt = Annotated[
+    float, typer.Option("--top-p", callback=_top_p, help="Top-p (nucleus) sampling, in (0, 1] (1.0 = off).")
+]
+MinPOpt = Annotated[float, typer.Option("--min-p", callback=_finite, help="Min-p sampling (0.0 = off).")]
+RepeatPenaltyOpt = Annotated[
+    float, typer.Option("--repeat-penalty", callback=_repeat_penalty, help="Penalize repeated tokens (1.0 = off).")
+]
+RepeatLastNOpt = Annotated[
+    int,
+    typer.Option("--repeat-last-n", callback=at_least(-1, "all"),
+                 help="Tokens the penalties look back over (-1 = all)."),
+]
+PresenceOpt = Annotated[
+    float, typer.Option("--presence-penalty", callback=_finite, help="Presence penalty (0.0 = off).")
+]
+FrequencyOpt = Annotated[
+    float, typer.Option("--frequency-penalty", callback=_finite, help="Frequency penalty (0.0 = off).")
+]
 ChatTemplateOpt = Annotated[
     Optional[str],
     typer.Option("--chat-template", help="Built-in template name (gemma, chatml, llama3, llama2) or a jinja2 file."),
@@ -96,7 +224,7 @@ ENGINE_FLAGS: dict[str, Flag] = {
     "ctx": Flag(CtxOpt, 4096, lambda v: {"n_ctx": v}),
     "batch": Flag(BatchOpt, 2048, lambda v: {"n_batch": v}),
     "ubatch": Flag(UBatchOpt, 512, lambda v: {"n_ubatch": v}),
-    "threads": Flag(ThreadsOpt, 0, lambda v: {"n_threads": v}),
+    "threads": Flag(ThreadsOpt, -1, lambda v: {"n_threads": max(v, 0)}),  # -1 and 0: one per physical core
     "ctk": Flag(CtkOpt, "f16", lambda v: {"type_k": v}),
     "ctv": Flag(CtvOpt, "f16", lambda v: {"type_v": v}),
     "ngl": Flag(NglOpt, "0", lambda v: {"n_gpu_layers": v}),

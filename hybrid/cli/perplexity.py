@@ -11,14 +11,14 @@ import typer
 from hybrid.engine.params import EngineParams
 from hybrid.tools.perplexity import chunk_tokens, perplexity as run_perplexity
 
-from hybrid.cli.common import ModelArg
-from hybrid.cli.options import LOAD_FLAGS, engine_flags
-from hybrid.cli.session import load_engine, note
+from hybrid.cli.options import LOAD_FLAGS, ModelArgument, ModelOpt, engine_flags
+from hybrid.cli.session import load_engine, note, read_text_file
 
 
 @engine_flags(*LOAD_FLAGS, ctx=512)
 def perplexity(
-    model: ModelArg = None,
+    model: ModelArgument = None,
+    model_opt: ModelOpt = None,  # merged into `model` while the flags are parsed
     file: Annotated[str, typer.Option("-f", "--file", help="The text to score.")] = ...,
     chunks: Annotated[int, typer.Option("--chunks", help="Score at most this many chunks (-1 = all).")] = -1,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object with ppl, ppl_stderr, running values.")] = False,
@@ -26,14 +26,10 @@ def perplexity(
 ) -> None:
     """Perplexity of a text, as llama-perplexity computes it: chunks of -c tokens, each from an empty cache with
     its first token replaced by BOS (for a model that adds BOS), the second half of each chunk scored."""
-    with open(file, "rb") as fh:
-        raw = fh.read()
-    text = raw.decode("utf-8", errors="replace")
-    if text.endswith("\n"):
-        text = text[:-1]  # llama.cpp's -f drops one trailing newline
-    ctx = params.n_ctx
-    batch = max(params.n_batch, ctx)  # a chunk is one eval call, as llama-perplexity's n_batch >= n_ctx
+    text = read_text_file(file)  # as `run -f` reads it: one trailing newline dropped, non-UTF-8 bytes as U+FFFD
+    batch = max(params.n_batch, params.n_ctx)  # a chunk is one eval call, as llama-perplexity's n_batch >= n_ctx
     engine, _ = load_engine(model, replace(params, n_batch=batch, n_ubatch=min(params.n_ubatch, batch)))
+    ctx = engine.params.n_ctx  # -c 0: the model's training context
     tok = engine.tokenizer
     tokens = tok.encode(text, add_special=True, parse_special=False)
     chunk_list = chunk_tokens(tokens, ctx, tok.bos_id if tok.add_bos else None, chunks)

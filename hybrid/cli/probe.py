@@ -12,6 +12,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gguf_io import ModelConfig
@@ -27,14 +28,15 @@ from hybrid.engine.fit import probe_ngl, try_fit
 from hybrid.plan.checks import gpu_link_checks, mlock_check, numa_check, thread_sweep, threads_check
 from hybrid.system.sizes import format_size, parse_size
 
-from hybrid.cli.common import ModelArg, cache_dir
-from hybrid.cli.options import engine_flags
+from hybrid.cli.common import cache_dir
+from hybrid.cli.options import ModelArgument, ModelOpt, engine_flags
 from hybrid.cli.session import note
 
 
 @engine_flags("ctx", "ctk", "ctv", "ubatch", "vram_budget", "no_op_offload")
 def probe(
-    model: ModelArg = None,
+    model: ModelArgument = None,
+    model_opt: ModelOpt = None,  # merged into `model` while the flags are parsed
     margin: Annotated[Optional[str], typer.Option("--margin", help="Headroom to leave below the ceiling (default 1GiB).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only the predicted plan: no GPU needed (give --vram-budget).")] = False,
     fast: Annotated[bool, typer.Option("--fast", help="Skip the measured thread sweep.")] = False,
@@ -44,7 +46,10 @@ def probe(
     """Find the OOM ceiling: the most layers (-ngl) that fit, predicted from the plan and measured on the GPU by
     allocating and running each candidate; then recommend -ngl with headroom, a KV type, -t, --mlock, --numa."""
     ctk, ctv, ubatch = check_kv_types(params.type_k, params.type_v) + (params.n_ubatch,)  # before any planning
-    margin_bytes = parse_size(margin) if margin else DEFAULT_MARGIN_BYTES
+    try:
+        margin_bytes = parse_size(margin) if margin else DEFAULT_MARGIN_BYTES
+    except HybridError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--margin'") from None
     path = resolve_model(model, cache_dir())
     if dry_run and params.vram_budget is None:
         raise HybridError("--dry-run predicts against a budget: give --vram-budget SIZE (e.g. --vram-budget 24GiB)")
@@ -54,7 +59,7 @@ def probe(
     elif gpus:
         budget = gpus[0].free_bytes
     else:
-        raise DeviceUnavailable(f"no usable GPU ({why}): give --vram-budget SIZE (with --dry-run) to predict a plan")
+        raise DeviceUnavailable(f"{why}: give --vram-budget SIZE (with --dry-run) to predict a plan")
     if not dry_run and not gpus:
         raise DeviceUnavailable(f"measuring the ceiling needs a GPU ({why}); use --dry-run for the prediction only")
     from gguf_io import open_gguf  # noqa: PLC0415
@@ -62,6 +67,8 @@ def probe(
     with open_gguf(path) as f:
         config, tensors = ModelConfig.from_gguf(f), dict(f.tensors)
     n_ctx = params.n_ctx or config.n_ctx_train
+    if n_ctx > config.n_ctx_train > 0:
+        note(f"warning: -c {n_ctx} is larger than the model's training context {config.n_ctx_train}")
     params = replace(params, n_ctx=n_ctx, n_batch=max(ubatch, 512))  # every plan below: what `run` would plan
     fit = None if dry_run else partial(try_fit, path, params, budget_bytes=budget)
     def progress(a) -> None:
@@ -109,8 +116,10 @@ def probe(
 
 def _render(r: dict, kv_rows, checks, dry_run: bool) -> None:
     con = Console()
-    t = Table(title=f"hybrid probe: {r['model']} at -c {r['n_ctx']}, budget {format_size(r['budget_bytes'])}",
-              show_header=False)
+    # the model path and the command on lines of their own that rich does not wrap (a path stays whole); every
+    # string that may hold brackets escaped, so rich does not read it as markup
+    con.print(f"hybrid probe: {escape(r['model'])}", soft_wrap=True)
+    t = Table(title=f"ceiling at -c {r['n_ctx']}, budget {format_size(r['budget_bytes'])}", show_header=False)
     t.add_row("predicted ceiling", f"-ngl {r['predicted_ngl']} of {r['n_offloadable']}")
     if not dry_run:
         t.add_row("measured ceiling", f"-ngl {r['measured_ceiling']} ({len(r['attempts'])} attempts, "
@@ -131,6 +140,7 @@ def _render(r: dict, kv_rows, checks, dry_run: bool) -> None:
     for col in ("check", "status", "detail"):
         ck.add_column(col)
     for c in checks:
-        ck.add_row(c.name, {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]"}.get(c.status, c.status), c.detail)
+        status = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]"}.get(c.status, escape(c.status))
+        ck.add_row(escape(c.name), status, escape(c.detail))
     con.print(ck)
-    con.print(f"\n[bold]{r['command']}[/bold]")
+    con.print(f"\n[bold]{escape(r['command'])}[/bold]", soft_wrap=True)

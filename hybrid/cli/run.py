@@ -11,25 +11,29 @@ from typing import Annotated, Optional
 import typer
 
 from hybrid.engine.params import EngineParams
-from hybrid.generate.loop import generate
+from hybrid.generate.loop import check_fits, generate
 from hybrid.generate.sampling import SamplingParams
 from hybrid.generate.timings import Timings
 from hybrid.text.stream import TextStream
 
 from hybrid.cli.chat import chat_loop
-from hybrid.cli.common import ModelArg
 from hybrid.cli.explain import explain_plan, plan_json, render_plan
-from hybrid.cli.options import (LOAD_FLAGS, ChatTemplateOpt, FrequencyOpt, MinPOpt, PresenceOpt, RepeatLastNOpt,
-                                RepeatPenaltyOpt, SeedOpt, TempOpt, TopKOpt, TopPOpt, engine_flags)
-from hybrid.cli.session import load_engine, note
+from hybrid.cli.options import (LOAD_FLAGS, ChatTemplateOpt, FrequencyOpt, MinPOpt, ModelArgument, ModelOpt,
+                                PresenceOpt, RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, TopKOpt, TopPOpt,
+                                at_least, engine_flags)
+from hybrid.cli.session import clean_text, load_engine, note, read_text_file
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as llama.cpp exits on Ctrl-C
 
 
 @engine_flags(*LOAD_FLAGS)
 def run(
-    model: ModelArg = None,
+    model: ModelArgument = None,
+    model_opt: ModelOpt = None,  # merged into `model` while the flags are parsed
     prompt: Annotated[Optional[str], typer.Option("-p", "--prompt", help="The prompt to complete.")] = None,
     file: Annotated[Optional[str], typer.Option("-f", "--file", help="Read the prompt from a file.")] = None,
-    n_predict: Annotated[int, typer.Option("-n", "--n-predict", help="Tokens to generate (-1 = until EOS or the context is full).")] = -1,
+    n_predict: Annotated[int, typer.Option("-n", "--n-predict", callback=at_least(-1, "no limit"),
+                                           help="Tokens to generate (-1 = until EOS or the context is full).")] = -1,
     explain: Annotated[bool, typer.Option("--explain", help="Print the placement plan (which layers go where, KV cache, headroom); without -p/-f, only that.")] = False,
     temp: TempOpt = 0.8,
     top_k: TopKOpt = 40,
@@ -43,14 +47,19 @@ def run(
     conversation: Annotated[bool, typer.Option("-cnv", "--conversation", help="Chat with the model (uses its chat template).")] = False,
     chat_template: ChatTemplateOpt = None,
     system: Annotated[Optional[str], typer.Option("-sys", "--system-prompt", help="System message for -cnv.")] = None,
+    special: Annotated[bool, typer.Option("-sp", "--special", help="Print control tokens (e.g. <end_of_turn>) as "
+                                          "text; by default they print as nothing, as llama.cpp does.")] = False,
     no_display_prompt: Annotated[bool, typer.Option("--no-display-prompt", help="Do not echo the prompt.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: prompt_ids, generated_ids, text, timings (with --explain alone: the plan).")] = False,
     params: EngineParams = EngineParams(),
 ) -> None:
     """Generate text from a prompt, streaming tokens as they come, then print timings (as llama.cpp does).
 
-    Special tokens written in the prompt (e.g. <start_of_turn>) are parsed as special tokens; BOS is added when the
-    model asks for it. Examples: hybrid run -p "The capital of France is" -n 32 --temp 0
+    Special tokens written in the prompt (e.g. <start_of_turn>) are parsed as such; BOS is added when the model asks.
+
+    Ctrl-C stops the generation, prints the timings so far and exits with status 130.
+
+    Example: hybrid run -p "The capital of France is" -n 32 --temp 0
     """
     sampling = SamplingParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                               repeat_last_n=repeat_last_n, presence_penalty=presence_penalty,
@@ -64,55 +73,71 @@ def run(
         render_plan(p)
         if only:
             return
+    if prompt is not None:
+        prompt = clean_text(prompt)
     if conversation:
         engine, load_ms = load_engine(model, params)
         engine.warmup()
-        chat_loop(engine, sampling, n_predict, chat_template, system, prompt)
+        chat_loop(engine, sampling, n_predict, chat_template, system, prompt, special)
         return
     if file is not None:
-        with open(file, encoding="utf-8") as fh:
-            prompt = fh.read()
+        prompt = read_text_file(file)
     if prompt is None:
         raise typer.BadParameter("give a prompt with -p TEXT or -f FILE (or use -cnv to chat)")
     engine, load_ms = load_engine(model, params)
-    t0 = time.perf_counter()
-    engine.warmup()  # compiles (or loads) the kernels; counted as load time, as llama.cpp's warm-up run
-    load_ms += 1000 * (time.perf_counter() - t0)
     tok = engine.tokenizer
     prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
-    timings = Timings(load_ms=load_ms)
-    stream = TextStream(tok)
+    check_fits(len(prompt_ids), engine.params.n_ctx)  # before any work, and before the prompt is echoed
+    t0 = time.perf_counter()
+    engine.warmup()  # compiles (or loads) the kernels; counted as load time, as llama.cpp's warm-up run
+    t_start = time.perf_counter()  # llama.cpp resets its counters after the warm-up: "total time" starts here
+    timings = Timings(load_ms=load_ms + 1000 * (t_start - t0))
+    stream = TextStream(tok, special=special)
     generated: list[int] = []
     if not json_out and not no_display_prompt:
         sys.stdout.write(prompt)
         sys.stdout.flush()
     cache = engine.new_cache()
-    for t in generate(engine, prompt_ids, sampling, n_predict, cache, timings):
-        generated.append(t)
-        if not json_out:
-            sys.stdout.write(stream.push(t))
-            sys.stdout.flush()
+    interrupted = False
+    try:
+        for t in generate(engine, prompt_ids, sampling, n_predict, cache, timings):
+            generated.append(t)
+            if not json_out:
+                sys.stdout.write(stream.push(t))
+                sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C: stop here and report what was done
+        interrupted = True
+    timings.total_ms = 1000 * (time.perf_counter() - t_start)
     if json_out:
-        print(json.dumps({"prompt_ids": prompt_ids, "generated_ids": generated, "text": tok.decode(generated),
-                          "timings": timings.as_dict()}, ensure_ascii=False))
-        return
-    sys.stdout.write(stream.flush() + "\n")
-    sys.stdout.flush()
-    print_timings(timings)
+        out = {"prompt_ids": prompt_ids, "generated_ids": generated,
+               "text": tok.decode(generated, unparse_special=special), "timings": timings.as_dict()}
+        if interrupted:
+            out["interrupted"] = True
+        print(json.dumps(out, ensure_ascii=False))
+    else:
+        sys.stdout.write(stream.flush() + "\n")
+        sys.stdout.flush()
+        print_timings(timings)
+    if interrupted:
+        raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def print_timings(t: Timings) -> None:
     """llama.cpp's perf summary, on stderr."""
-    note(f"\nload time = {t.load_ms:10.2f} ms")
+    note(f"\n       load time = {t.load_ms:10.2f} ms")
     note(f"prompt eval time = {t.prompt_ms:10.2f} ms / {t.prompt_tokens:5d} tokens "
          f"({t.prompt_ms / max(t.prompt_tokens, 1):8.2f} ms per token, {t.rate(t.prompt_tokens, t.prompt_ms):8.2f} tokens per second)")
     note(f"       eval time = {t.eval_ms:10.2f} ms / {t.eval_tokens:5d} runs   "
          f"({t.eval_ms / max(t.eval_tokens, 1):8.2f} ms per token, {t.rate(t.eval_tokens, t.eval_ms):8.2f} tokens per second)")
     note(f"     sample time = {t.sample_ms:10.2f} ms")
+    note(f"      total time = {t.total_ms:10.2f} ms / {t.prompt_tokens + t.eval_tokens:5d} tokens")
 
 
 def chat(**kwargs) -> None:
-    """Chat with the model using its chat template (same options as `run -cnv`); the KV cache is kept between turns."""
+    """Chat with the model using its chat template (same options as `run -cnv`); the KV cache is kept between turns.
+
+    Ctrl-C stops a reply and returns to the prompt; Ctrl-C there, Ctrl-D or an empty line ends the chat.
+    """
     run(**kwargs)
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 from hybrid.text.chat_template import ChatTemplate, choose_template
 from hybrid.engine.engine import Engine
+from hybrid.errors import ContextTooLarge
 from hybrid.generate.loop import generate
 from hybrid.generate.timings import Timings
 from hybrid.generate.sampling import SamplingParams
@@ -24,12 +25,18 @@ class ChatSession:
         self.last_reused = 0  # how many prompt tokens the last turn took from the cache
 
     def send(self, user_text: str, n_predict: int = -1, timings: Timings | None = None) -> Iterator[int]:
-        """Add a user turn and stream the reply's token ids; the reply is recorded when the stream ends."""
-        self.messages.append({"role": "user", "content": user_text})
+        """Add a user turn and stream the reply's token ids; the reply (as far as it got) is recorded when the
+        stream ends or is closed. A turn that does not fit the context raises ContextTooLarge before anything is
+        evaluated and leaves the conversation as it was, so the chat can go on."""
         tok = self.engine.tokenizer
-        text = self.template.render(self.messages, add_generation_prompt=True,
+        messages = [*self.messages, {"role": "user", "content": user_text}]
+        text = self.template.render(messages, add_generation_prompt=True,
                                     bos_token=tok.piece(tok.bos_id) if tok.bos_id is not None else "")
         ids = tok.encode(text, add_special=True, parse_special=True)
+        if len(ids) > self.cache.n_ctx:
+            raise ContextTooLarge(f"this turn makes the conversation {len(ids)} tokens, more than the context of "
+                                  f"{self.cache.n_ctx} (-c); raise -c or start a new chat")
+        self.messages = messages
         common = 0
         for a, b in zip(ids, self.cached_ids):
             if a != b:

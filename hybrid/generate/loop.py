@@ -6,32 +6,53 @@ import time
 from collections.abc import Iterator
 
 from hybrid.engine.engine import Engine
-from hybrid.errors import HybridError
+from hybrid.errors import ContextTooLarge, HybridError
 from hybrid.generate.sampling import Sampler, SamplingParams
 from hybrid.generate.timings import Timings
 from hybrid.kv.cache import KVCache
 
 
+def check_fits(n_prompt: int, n_ctx: int, n_past: int = 0) -> None:
+    """ContextTooLarge, with the real numbers, unless a prompt of n_prompt tokens fits after the n_past tokens the
+    cache holds: checked once before any work (as llama.cpp refuses a prompt too long for -c)."""
+    if n_past + n_prompt <= n_ctx:
+        return
+    if n_past:
+        raise ContextTooLarge(f"{n_past} tokens in the cache and a prompt of {n_prompt} make {n_past + n_prompt}, "
+                              f"more than the context of {n_ctx} (-c); raise -c or shorten the input")
+    raise ContextTooLarge(f"the prompt is {n_prompt} tokens, more than the context of {n_ctx} (-c); "
+                          "raise -c or shorten the prompt")
+
+
 def generate(engine: Engine, prompt: list[int], sampling: SamplingParams, n_predict: int, cache: KVCache,
              timings: Timings | None = None) -> Iterator[int]:
     """Evaluate the prompt (appended to what the cache holds), then sample up to n_predict tokens
-    (-1: until the context is full), stopping at an end-of-generation token (not yielded)."""
+    (-1: until the context is full), stopping at an end-of-generation token (not yielded).
+
+    ContextTooLarge before anything is evaluated when the prompt does not fit. The timings count what was done
+    even when the caller stops early (Ctrl-C: KeyboardInterrupt inside an eval, or closing the generator)."""
     timings = timings if timings is not None else Timings()
     if not prompt:
         raise HybridError("the prompt is empty")
+    check_fits(len(prompt), cache.n_ctx, cache.n_past)
     sampler = Sampler(sampling)
     history = list(prompt)
     t0 = time.perf_counter()
     logits = None
-    for s in range(0, len(prompt), engine.params.n_batch):
-        logits = engine.eval(prompt[s : s + engine.params.n_batch], cache)
-    timings.prompt_ms += 1000 * (time.perf_counter() - t0)
-    timings.prompt_tokens += len(prompt)
+    try:
+        for s in range(0, len(prompt), engine.params.n_batch):
+            batch = prompt[s : s + engine.params.n_batch]
+            logits = engine.eval(batch, cache)
+            timings.prompt_tokens += len(batch)
+    finally:
+        timings.prompt_ms += 1000 * (time.perf_counter() - t0)
     produced = 0
     while n_predict < 0 or produced < n_predict:
         t0 = time.perf_counter()
-        tok = sampler.sample(logits, history)
-        timings.sample_ms += 1000 * (time.perf_counter() - t0)
+        try:
+            tok = sampler.sample(logits, history)
+        finally:
+            timings.sample_ms += 1000 * (time.perf_counter() - t0)
         if engine.tokenizer.is_eog(tok):
             return
         yield tok
@@ -40,6 +61,8 @@ def generate(engine: Engine, prompt: list[int], sampling: SamplingParams, n_pred
         if (n_predict >= 0 and produced >= n_predict) or cache.n_past >= cache.n_ctx:
             return
         t0 = time.perf_counter()
-        logits = engine.eval([tok], cache)
-        timings.eval_ms += 1000 * (time.perf_counter() - t0)
-        timings.eval_tokens += 1
+        try:
+            logits = engine.eval([tok], cache)
+            timings.eval_tokens += 1
+        finally:
+            timings.eval_ms += 1000 * (time.perf_counter() - t0)

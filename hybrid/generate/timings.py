@@ -1,4 +1,4 @@
-"""Timings of one generation, as llama.cpp reports them (load, prompt eval, eval, sampling)."""
+"""Timings of one generation, as llama.cpp reports them (load, prompt eval, eval, sampling, total)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ class Timings:
     eval_ms: float = 0.0
     eval_tokens: int = 0  # generated tokens that went through the model (llama.cpp's "eval" count)
     sample_ms: float = 0.0
+    total_ms: float = 0.0  # wall time from after the warm-up to the end (llama.cpp's "total time")
 
     @staticmethod
     def rate(n: int, ms: float) -> float:
@@ -26,4 +27,5 @@ class Timings:
             "predicted_n": self.eval_tokens, "predicted_ms": self.eval_ms,
             "predicted_per_second": self.rate(self.eval_tokens, self.eval_ms),
             "sample_ms": self.sample_ms,
+            "total_ms": self.total_ms,
         }

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 
 from hybrid.system.devices import MachineInfo
+from hybrid.system.sizes import format_size
 
 
 @dataclass(frozen=True)
@@ -49,9 +50,10 @@ def thread_sweep(engine, counts: list[int], n_tokens: int = 3) -> dict[int, floa
 def mlock_check(machine: MachineInfo, cpu_bytes: int) -> Check:
     if machine.memlock_soft < 0:
         return Check("mlock", "ok", "RLIMIT_MEMLOCK is unlimited: --mlock will keep the CPU layers in RAM", "--mlock")
+    limit, need = format_size(machine.memlock_soft), format_size(cpu_bytes)
     if machine.memlock_soft >= cpu_bytes:
-        return Check("mlock", "ok", f"RLIMIT_MEMLOCK {machine.memlock_soft} B >= {cpu_bytes} B of CPU weights", "--mlock")
-    return Check("mlock", "warn", f"--mlock needs {cpu_bytes} B but RLIMIT_MEMLOCK is {machine.memlock_soft} B: "
+        return Check("mlock", "ok", f"RLIMIT_MEMLOCK {limit} >= {need} of CPU weights", "--mlock")
+    return Check("mlock", "warn", f"--mlock needs {need} but RLIMIT_MEMLOCK is {limit}: "
                  "raise it with `ulimit -l unlimited` or memlock in /etc/security/limits.conf")
 
 
@@ -82,7 +84,7 @@ def gpu_link_checks(device: int = 0) -> list[Check]:
         for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
             if proc.pid != os.getpid() and proc.usedGpuMemory:
                 others += int(proc.usedGpuMemory)
-        vram = Check("vram", "ok" if others == 0 else "warn", f"VRAM used by other processes: {others} B")
+        vram = Check("vram", "ok" if others == 0 else "warn", f"VRAM used by other processes: {format_size(others)}")
         return [link, vram]
     except Exception as exc:  # noqa: BLE001 - NVML errors vary by driver; report and go on
         return [Check("pcie", "info", f"NVML query failed: {exc}")]

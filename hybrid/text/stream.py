@@ -4,15 +4,18 @@ from __future__ import annotations
 
 
 class TextStream:
-    def __init__(self, tokenizer):
+    """special=False (llama.cpp's default) renders control tokens as nothing; True (--special) prints them."""
+
+    def __init__(self, tokenizer, special: bool = False):
         self.tok = tokenizer
+        self.special = special
         self.ids: list[int] = []
         self.emitted = ""
 
     def push(self, token_id: int) -> str:
         """The new text that token_id completes ("" while a multi-byte character is still partial)."""
         self.ids.append(token_id)
-        text = self.tok.decode(self.ids)
+        text = self.tok.decode(self.ids, unparse_special=self.special)
         if text.endswith("\ufffd"):
             return ""  # wait for the rest of the character
         new = text[len(self.emitted):]
@@ -20,7 +23,7 @@ class TextStream:
         return new
 
     def flush(self) -> str:
-        text = self.tok.decode(self.ids)
+        text = self.tok.decode(self.ids, unparse_special=self.special)
         new = text[len(self.emitted):]
         self.emitted = text
         return new
