@@ -124,14 +124,27 @@ def f32_to_f16_value(v):
 # Serial: even 512 x 2048 activations take well under a millisecond, and a parallel region costs its
 # start-up on every decode step and a few seconds of first compile.
 @njit(inline="always")
+def _fp16(v):
+    """v rounded to the nearest fp16 (ties to even), as float32: one instruction with F16C."""
+    if HAS_F16C:
+        return round_f16(v)
+    return f32_to_f16_value(v) if v >= 0 else -f32_to_f16_value(-v)
+
+
+@njit(inline="always")
+def _q8_block(xf, qf, d, t, b, base):
+    # quantize_row_q8_0_ref's block: d = amax/127, qs = roundf(x * (1/d)); d stored as fp16. Returns d unrounded.
+    db = absmax32(xf, base) / np.float32(127.0)
+    idb = np.float32(1.0) / db if db != 0.0 else np.float32(0.0)
+    d[t, b] = _fp16(db)
+    quantize32(xf, base, idb, qf, base, False)
+    return db
+
+
+@njit(inline="always")
 def quantize_q8_0_token(xf, qf, d, t, n_in):
-    # quantize_row_q8_0_ref: d = amax/127, qs = roundf(x * (1/d)); d stored as fp16.
     for b in range(n_in // QK8_0):
-        base = t * n_in + b * QK8_0
-        db = absmax32(xf, base) / np.float32(127.0)
-        idb = np.float32(1.0) / db if db != 0.0 else np.float32(0.0)
-        d[t, b] = round_f16(db) if HAS_F16C else f32_to_f16_value(db)
-        quantize32(xf, base, idb, qf, base, False)
+        _q8_block(xf, qf, d, t, b, t * n_in + b * QK8_0)
 
 
 @njit(inline="always")
@@ -139,18 +152,11 @@ def quantize_q8_1_token(xf, qf, d, s, t, n_in):
     # quantize_row_q8_1_ref: qs and d as Q8_0's; s = fp16(sum(qs) * d), d before its fp16 rounding.
     for b in range(n_in // QK8_0):
         base = t * n_in + b * QK8_0
-        db = absmax32(xf, base) / np.float32(127.0)
-        idb = np.float32(1.0) / db if db != 0.0 else np.float32(0.0)
-        d[t, b] = round_f16(db) if HAS_F16C else f32_to_f16_value(db)
-        quantize32(xf, base, idb, qf, base, False)
+        db = _q8_block(xf, qf, d, t, b, base)
         total = 0
         for j in range(base, base + QK8_0):
             total += np.int32(qf[j])
-        sb = np.float32(total) * db
-        if HAS_F16C:
-            s[t, b] = round_f16(sb)
-        else:
-            s[t, b] = f32_to_f16_value(sb) if sb >= 0 else -f32_to_f16_value(-sb)
+        s[t, b] = _fp16(np.float32(total) * db)
 
 
 @njit(cache=True)

@@ -18,8 +18,7 @@ from hybrid.engine.engine import Engine
 from hybrid.engine.params import EngineParams
 from hybrid.errors import PlacementError
 from hybrid.model import forward
-from hybrid.plan.budget import overhead_bytes, plan_for
-from hybrid.plan.placement import plan
+from hybrid.plan.budget import plan_for
 from hybrid.plan.probe import (DEFAULT_MARGIN_BYTES, CeilingSearch, Prediction, Recommendation, find_ceiling,
                                predict_max_ngl, recommend)
 
@@ -56,11 +55,11 @@ def _is_oom(exc: BaseException) -> bool:
     return name in ("OutOfMemoryError", "MemoryError") or "out of memory" in str(exc).lower()
 
 
-def try_fit(path, params: EngineParams, ngl: int, budget_bytes: int, reserve_bytes: int | None = None) -> FitAttempt:
-    """Load `ngl` layers with placeholder weights under a memory pool capped at budget_bytes - reserve_bytes (the
-    plan's overhead for this -ngl, by default: what the process holds outside the pool, so that plan and
-    measurement count alike; the plan's own check is lifted so the device decides), run a micro-batch of -ub
-    tokens and one decode step through the GPU layers."""
+def try_fit(path, params: EngineParams, ngl: int, budget_bytes: int) -> FitAttempt:
+    """Load `ngl` layers with placeholder weights under a memory pool capped at the budget less the plan's
+    overhead for this -ngl (what the process holds outside the pool, so that plan and measurement count alike;
+    the plan's own check is lifted so the device decides), run a micro-batch of -ub tokens and one decode step
+    through the GPU layers."""
     import cupy  # noqa: PLC0415 - only with a GPU
 
     from hybrid.backends.gpu import GpuBackend  # noqa: PLC0415
@@ -74,14 +73,9 @@ def try_fit(path, params: EngineParams, ngl: int, budget_bytes: int, reserve_byt
 
     try:
         engine = Engine.open(path, params)
-        inputs = engine.params.plan_inputs()
-        if reserve_bytes is None:
-            reserve_bytes = overhead_bytes(engine.config, engine.gguf.tensors, inputs, ngl)
+        placement = plan_for(engine.config, engine.gguf.tensors, _UNLIMITED, ngl, engine.params.plan_inputs())
         gpu = GpuBackend()
-        gpu.limit_memory(max(0, budget_bytes - reserve_bytes))  # op offload's buffers are in reserve_bytes
-        placement = plan(engine.config, engine.gguf.tensors, _UNLIMITED, ngl, inputs.n_ctx, inputs.type_k,
-                         inputs.type_v, inputs.n_ubatch, inputs.flash_attn, swa_full=True,
-                         overhead_bytes=reserve_bytes)
+        gpu.limit_memory(max(0, budget_bytes - placement.overhead_bytes))  # op offload's buffers are in it
         engine.place(placement, gpu, gpu.alloc_like)
         cache = engine.new_cache()
         run_gpu_layers(engine, cache, np.random.default_rng(0), engine.params.n_ubatch)  # prefill micro-batch
