@@ -39,6 +39,10 @@ class CpuBackend:
             return None
         return self._fused.ffn(spec, cfg, lw, x, a)
 
+    def fused_moe(self, spec, cfg, lw: dict[str, Weight], h: np.ndarray):
+        """No fused MoE FFN yet: blocks.moe_ffn runs the op-by-op reference."""
+        return None
+
     def _tables(self, positions: np.ndarray, n_rot: int, base: float, scale: float) -> rope.RopeTables:
         """cos/sin of positions (int32), computed once per batch of positions and rope parameters."""
         key_pos = positions.tobytes()

@@ -122,3 +122,7 @@ class OffloadBackend:
     def fused_ffn(self, spec, cfg, lw, x, a) -> None:
         """No fused FFN here either."""
         return None
+
+    def fused_moe(self, spec, cfg, lw, h) -> None:
+        """No fused MoE FFN yet: blocks.moe_ffn runs the op-by-op reference."""
+        return None

@@ -1,6 +1,6 @@
 """Shared blocks (norm, attention, FFN, MoE FFN) written once against the backend interface,
-`hybrid.backends.base.Backend` (its ops, and the fused forms a backend may offer: fused_attention / fused_ffn
-return None where it has none, and the ops then run one by one)."""
+`hybrid.backends.base.Backend` (its ops, and the fused forms a backend may offer: fused_attention, fused_ffn and
+fused_moe return None where it has none, and the ops then run one by one)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,11 @@ def route(router_logits: np.ndarray, n_used: int, normalize: bool) -> tuple[np.n
 
 
 def moe_ffn(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], h: np.ndarray) -> np.ndarray:
-    """Top-k experts per token; tokens are grouped by expert so each expert's weights are read once per batch."""
+    """Top-k experts per token: the backend's fused form where it has one (Backend.fused_moe), else op by op with
+    the routing on the host and tokens grouped by expert, so each expert's weights are read once per batch."""
+    fused = be.fused_moe(spec, cfg, lw, h)
+    if fused is not None:
+        return fused
     logits = be.to_host(be.matmul(lw["ffn_gate_inp"], h))  # (n, n_expert), routed on the host
     ids, w = route(np.asarray(logits, dtype=np.float32), cfg.n_expert_used, spec.moe_norm_weights)
     out = be.zeros((h.shape[0], cfg.n_embd))
