@@ -220,6 +220,12 @@ __device__ __forceinline__ void dequant_body(const u8* __restrict__ w, const i32
     const u8 *__restrict__ w, const float *__restrict__ x, float *__restrict__ y, int n_out, int n_blocks,   \
         int ntok, int wpr
 
+// MoE (MUL_MAT_ID) on float activations: grid (CTAs, slots); slot s multiplies expert ids[s] (expert_bytes apart)
+// by x row s / x_div into y row s (matvec_q8id's layout in matvec_q8.cu)
+#define MVID_ARGS                                                                                            \
+    const u8 *__restrict__ w, const i32 *__restrict__ ids, long long expert_bytes, const float *__restrict__ x, \
+        int x_div, float *__restrict__ y, int n_out, int n_blocks, int wpr
+
 #define QUANT_ENTRIES(name, Q)                                                                               \
     extern "C" __global__ void __launch_bounds__(256) matvec_##name##_1r1(MV_ARGS) {                         \
         matvec_cached<Q, 1, 1>(w, x, y, n_out, n_blocks, ntok, wpr);                                         \
@@ -238,6 +244,12 @@ __device__ __forceinline__ void dequant_body(const u8* __restrict__ w, const i32
     }                                                                                                        \
     extern "C" __global__ void __launch_bounds__(256) matvec_##name##_8(MV_ARGS) {                           \
         matvec_stream<Q, 8>(w, x, y, n_out, n_blocks, ntok, wpr);                                            \
+    }                                                                                                        \
+    extern "C" __global__ void __launch_bounds__(256) matvec_id_##name##_1r2(MVID_ARGS) {                   \
+        const int s = blockIdx.y;                                                                            \
+        matvec_cached<Q, 1, 2>(w + (size_t)ids[s] * (size_t)expert_bytes,                                    \
+                               x + (size_t)(s / x_div) * n_blocks * Q::BS, y + (size_t)s * n_out, n_out,     \
+                               n_blocks, 1, wpr);                                                            \
     }                                                                                                        \
     extern "C" __global__ void dequant_f16_##name(const u8* __restrict__ w, const i32* __restrict__ rows,   \
                                                   u16* out, int n_rows, int n_blocks) {                      \

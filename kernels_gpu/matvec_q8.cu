@@ -276,3 +276,34 @@ __device__ __forceinline__ Q8Pick q8_pick(const u8* w0, const u8* w1, const u8* 
 
 Q8_ENTRIES(q4_k, Q4K8)
 Q8_ENTRIES(q6_k, Q6K8)
+
+// MoE (llama.cpp's MUL_MAT_ID) on q8 activations: grid (CTAs a matrix, slots, matrices). Slot s multiplies expert
+// ids[s] of matrix z (w0 or w1: (n_expert, n_out, row) blocks, expert_bytes apart) by the q8 activations of row
+// s / x_div (x_div = experts a token for gate/up, whose slots share their token's x; 1 for down, each slot its own
+// GLU output), into row s of y0 or y1 ((slots, n_out) each). Every selected expert's blocks are read once a slot.
+#define MVQ8ID_ARGS                                                                                          \
+    const u8 *__restrict__ w0, const u8 *__restrict__ w1, float *__restrict__ y0, float *__restrict__ y1,    \
+        const i32 *__restrict__ ids, long long expert_bytes, int n_out, const i8 *__restrict__ xq,           \
+        const float4 *__restrict__ xm, int x_div, int n_blocks, int wpr
+struct Q8Id {
+    const u8* w;
+    float* y;
+    const i8* xq;
+    const float4* xm;
+};
+template <int BS>
+__device__ __forceinline__ Q8Id q8_id_pick(MVQ8ID_ARGS) {
+    const int s = blockIdx.y, xr = s / x_div;
+    const u8* w = blockIdx.z ? w1 : w0;
+    float* y = blockIdx.z ? y1 : y0;
+    const size_t n_in = (size_t)n_blocks * BS;
+    return Q8Id{w + (size_t)ids[s] * (size_t)expert_bytes, y + (size_t)s * n_out, xq + (size_t)xr * n_in,
+                xm + (size_t)xr * (n_in / 32)};
+}
+#define Q8ID_ENTRY(name, Q, R)                                                                               \
+    extern "C" __global__ void __launch_bounds__(256) matvec_q8id_##name##_r##R(MVQ8ID_ARGS) {               \
+        const Q8Id m = q8_id_pick<Q::BS>(w0, w1, y0, y1, ids, expert_bytes, n_out, xq, xm, x_div, n_blocks, wpr); \
+        matvec_q8_body<Q, R>(blockIdx.x, m.w, m.xq, m.xm, m.y, n_out, n_blocks, wpr);                        \
+    }
+Q8ID_ENTRY(q4_k, Q4K8, 2)
+Q8ID_ENTRY(q6_k, Q6K8, 2)

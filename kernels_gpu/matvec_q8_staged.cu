@@ -124,3 +124,11 @@ __device__ __forceinline__ void matvec_q8s_q6k_body(int cta, const u8* __restric
     }
 Q8S_ENTRY(1)
 Q8S_ENTRY(2)
+
+// MoE: the staged Q6_K kernel over selected experts, with matvec_q8id's grid and arguments
+#define Q8SID_ENTRY(R)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(Q6S_WARPS * 32) matvec_q8sid_q6_k_r##R(MVQ8ID_ARGS) {       \
+        const Q8Id m = q8_id_pick<256>(w0, w1, y0, y1, ids, expert_bytes, n_out, xq, xm, x_div, n_blocks, wpr); \
+        matvec_q8s_q6k_body<R>(blockIdx.x, m.w, m.xq, m.xm, m.y, n_out, n_blocks, wpr);                     \
+    }
+Q8SID_ENTRY(2)

@@ -20,6 +20,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "ops": ("common.cu", "ops.cu"),
     "kv": ("common.cu", "kv.cu"),
     "attention": ("common.cu", "attention.cu"),
+    "moe": ("common.cu", "moe.cu"),
 }
 
 # NVRTC optimizes by default (-O3 is an nvcc flag it rejects); no fast math: expf/sincosf/division stay IEEE-exact

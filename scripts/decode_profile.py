@@ -7,7 +7,10 @@ Measures (1) the wall time of Engine.eval([tok]) per token (what `hybrid bench` 
 the captured token graph replayed alone (CUDA events), (3) each backend op of one token recorded eagerly and
 re-timed per op kind as a CUDA graph over all of that kind's calls of the token (so weights stream from HBM as
 in a real token, not from L2), with bytes moved and GB/s for the matmuls. The weight bytes over the measured
-device copy rate give the bandwidth limit on tokens/s.
+device copy rate give the bandwidth limit on tokens/s (MoE: the experts a token uses, n_expert_used of n_expert).
+MoE layers (GpuBackend.fused_moe) are split into their parts: "moe router" (the router matmul), "moe route"
+(softmax and top-k), "moe experts" (the gate/up and down id matvecs, and the q8 quantization of their inputs),
+"moe glu" and "moe combine" (the weighted sum).
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from gpu_check import time_events, time_graph  # noqa: E402
 
 OPS = ("matmul", "matmuls", "rms_norm", "add_rms_norm", "rms_norm_heads", "rope", "scale", "glu", "kv_store", "attention")
+# kernels_gpu.moe's module-level functions its moe_ffn calls, wrapped as the backend's ops are
+MOE_OPS = {"matmul": "moe router", "route": "moe route", "id_matvec": "moe experts",
+           "glu": "moe glu", "combine": "moe combine"}
 
 
 def copy_rate() -> float:
@@ -64,6 +70,28 @@ def record_token(eng, gpu, cache, tok: int) -> list[tuple[tuple, object, int]]:
             return _orig(*a, **k)
 
         setattr(gpu, name, wrapper)
+    from kernels_gpu import moe
+
+    moe_saved = {name: getattr(moe, name) for name in MOE_OPS}
+    for name, label in MOE_OPS.items():
+        orig = moe_saved[name]
+
+        def moe_wrapper(*a, _orig=orig, _name=name, _label=label, **k):
+            nbytes = 0
+            if _name == "id_matvec":  # a, k: (ws, type, x, ids, x_div): slots x matrices x one expert each
+                ws, ids = a[0], a[3]
+                nbytes = len(ws) * int(ids.shape[0]) * int(ws[0].nbytes // ws[0].shape[0])
+                key = (_label, a[1], f"{len(ws)}x{int(ids.shape[0])} slots of {ws[0].shape[1]}x{ws[0].shape[2]}B")
+            elif _name == "matmul":
+                nbytes = int(a[0].nbytes)
+                key = (_label, a[1], tuple(a[0].shape))
+            else:
+                first = next((v for v in a if hasattr(v, "shape")), None)
+                key = (_label, tuple(first.shape) if first is not None else ())
+            calls.append((key, lambda: _orig(*a, **k), nbytes))
+            return _orig(*a, **k)
+
+        setattr(moe, name, moe_wrapper)
     use = gpu.use_graphs
     gpu.use_graphs = False
     try:
@@ -72,6 +100,8 @@ def record_token(eng, gpu, cache, tok: int) -> list[tuple[tuple, object, int]]:
         gpu.use_graphs = use
         for name in OPS:
             delattr(gpu, name)  # back to the class's methods
+        for name, orig in moe_saved.items():
+            setattr(moe, name, orig)
     return calls
 
 
@@ -133,7 +163,10 @@ def main() -> int:
     rows.append({"op": "add (residual, cupy)", "calls": 2 * eng.config.n_layer, "us_per_call": 1e6 * t_add,
                  "us_per_token": 1e6 * t_add * 2 * eng.config.n_layer, "GBps": None, "timed_as": how})
     rows.sort(key=lambda r: -r["us_per_token"])
-    w_bytes = sum(int(w.raw.nbytes) for lw in eng.weights.layers for w in lw.values())
+    cfg = eng.config
+    used = cfg.n_expert_used / cfg.n_expert if cfg.n_expert else 1.0  # of a 3-D expert tensor, a token reads this
+    w_bytes = sum(int(w.raw.nbytes * (used if w.raw.ndim == 3 else 1)) for lw in eng.weights.layers
+                  for w in lw.values())
     w_bytes += int(eng.weights.output.raw.nbytes) + int(eng.weights.output_norm.raw.nbytes)
     rate = copy_rate()
     sum_ops = sum(r["us_per_token"] for r in rows) / 1e6
@@ -144,7 +177,7 @@ def main() -> int:
         "graph_gpu_ms_per_token": 1e3 * graph_s, "graph_tps": 1 / graph_s,
         "sum_of_ops_ms": 1e3 * sum_ops, "backend_ops_per_token": n_launch,
         "host_overhead_ms": 1e3 * (wall_s - graph_s),
-        "weight_bytes_on_gpu": w_bytes, "d2d_copy_GBps": rate / 1e9,
+        "weight_bytes_a_token": w_bytes, "d2d_copy_GBps": rate / 1e9,
         "bandwidth_limit_ms": 1e3 * w_bytes / rate, "bandwidth_limit_tps": rate / w_bytes,
         "graph_report": gpu.graph_report(),
     }

@@ -65,9 +65,17 @@ def kl_max(a: np.ndarray, b: np.ndarray) -> float:
 
 class RouteLog:
     """Records the experts chosen by hybrid.arch.blocks.route (sorted ids per token and layer) and the router's
-    margin (k-th minus (k+1)-th probability): MoE plans may route a token differently at a near tie."""
+    margin (k-th minus (k+1)-th probability): MoE plans may route a token differently at a near tie. The backends'
+    fused MoE forms are turned off so every layer takes the op-by-op reference, whose routing this sees
+    (tests/test_gpu_moe.py and tests/test_cpu_moe.py hold the fused forms to it)."""
 
     def __init__(self, monkeypatch):
+        from hybrid.backends.cpu import CpuBackend  # noqa: PLC0415
+        from hybrid.backends.gpu import GpuBackend  # noqa: PLC0415
+        from hybrid.backends.offload import OffloadBackend  # noqa: PLC0415
+
+        for cls in (CpuBackend, GpuBackend, OffloadBackend):
+            monkeypatch.setattr(cls, "fused_moe", lambda *args: None)
         self.calls: list[tuple[np.ndarray, np.ndarray]] = []
         orig = blocks.route
 

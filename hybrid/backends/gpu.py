@@ -15,6 +15,8 @@ from gguf_io import quant_spec
 
 from hybrid.model.weights import Weight
 
+_MOE_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+
 
 class GpuBackend:
     name = "gpu"
@@ -273,6 +275,17 @@ class GpuBackend:
         """No fused FFN here either."""
         return None
 
-    def fused_moe(self, spec, cfg, lw, h) -> None:
-        """No fused MoE FFN yet: blocks.moe_ffn runs the op-by-op reference."""
-        return None
+    def fused_moe(self, spec, cfg, lw, h):
+        """The MoE FFN as MUL_MAT_ID (kernels_gpu.moe): routing on the device and the selected experts read in place,
+        no host synchronization for a decode batch (so MoE layers stay inside the decode CUDA graph). None where the
+        experts are not on this GPU or of a float type (no id kernels: blocks.moe_ffn then runs op by op)."""
+        from kernels_gpu import moe  # noqa: PLC0415
+
+        ws = [lw[n] for n in _MOE_TENSORS]
+        if not all(isinstance(w.raw, self._cupy.ndarray) for w in ws):
+            return None
+        if not all(moe.supported(w.type_name) for w in ws[1:]):
+            return None
+        router, gate, up, down = ((w.raw, w.type_name) for w in ws)
+        return moe.moe_ffn(self._dev(h), router, gate, up, down, cfg.n_expert_used, spec.moe_norm_weights,
+                           spec.ffn_act)

@@ -123,6 +123,27 @@ class OffloadBackend:
         """No fused FFN here either."""
         return None
 
-    def fused_moe(self, spec, cfg, lw, h) -> None:
-        """No fused MoE FFN yet: blocks.moe_ffn runs the op-by-op reference."""
-        return None
+    def fused_moe(self, spec, cfg, lw, h):
+        """The MoE FFN of a big batch as the GpuBackend's prefill (kernels_gpu.moe): the router streams as a matrix,
+        routing runs on the GPU, and only the experts the batch uses are uploaded from host memory, a chunk at a
+        time (as many as one dequantized fp16 chunk holds). None for float experts (no id kernels)."""
+        from kernels_gpu import moe  # noqa: PLC0415
+
+        ws = [lw[n] for n in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
+        if not all(moe.supported(w.type_name) for w in ws[1:]):
+            return None
+        x = self._dev(h)
+        ids, wts = moe.route(self.matmul(ws[0], x), cfg.n_expert_used, spec.moe_norm_weights)
+        shapes = tuple(tuple(w.shape[1:]) for w in ws[1:])
+        return moe.prefill(x, ids, wts, shapes, tuple(self._host_experts(w) for w in ws[1:]), spec.ffn_act)
+
+    def _host_experts(self, w: Weight):
+        """moe.prefill's dequantizer for the host expert tensor w: the asked experts uploaded, then dequantized."""
+        from kernels_gpu.matmul import dequantize  # noqa: PLC0415
+
+        def dequant(experts: np.ndarray, out) -> None:
+            picked = np.ascontiguousarray(w.raw[experts])  # (len(experts), n_out, row_bytes), in their order
+            dev = self.gpu.upload(Weight(w.name, w.type_name, picked.shape, picked)).raw
+            dequantize(dev.reshape(-1, picked.shape[2]), w.type_name, dtype=np.float16, out=out)
+
+        return dequant

@@ -1,0 +1,265 @@
+"""The MoE FFN on the GPU as llama.cpp's MUL_MAT_ID: routing on the device, the selected experts read in place.
+
+`moe_ffn(h, router, gate, up, down, n_used, norm, act)`: h cupy float32 (n_tok, n_embd), the normed input; router a
+2-D weight, gate/up/down the 3-D expert tensors (raw uint8 (n_expert, n_out, row_bytes) on the device), each as
+(raw, GGML type). Returns (n_tok, n_embd) float32, the experts' outputs summed with their routing weights.
+
+Decode (n_tok <= MATVEC_MAX_TOKENS): the router matvec, `moe_route_softmax` (top-k and weights, one warp a token),
+one launch for gate and up over every (token, selected expert) slot (`matvec_q8id_*` on 8-bit activations for the
+Q8_MATVEC types, `matvec_id_*` on float activations for the others), the GLU, one launch for down on each slot's
+own GLU output, and `moe_combine`: no host synchronization, so a decode step stays one CUDA graph.
+
+Prefill: the same routing, then the (token, expert) pairs are grouped by expert on the host (one copy of the ids
+back: the group sizes set the GEMM shapes), the tokens gathered expert by expert into one fp16 matrix padded to
+the largest group, and each projection is one strided-batched cuBLAS GEMM over the used experts (dequantized to
+fp16 in chunks of GEMM_CHUNK_ELEMENTS), then `moe_combine` adds each token's rows back with its weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .matmul import (GEMM_CHUNK_ELEMENTS, GPU_KERNELS, MATVEC_MAX_TOKENS, MV_WARPS, Q6S_NB, Q6S_WARPS, Q8_KERNEL,
+                     Q8_MATVEC, dequantize, gpu_kernel, matmul, matvec_config, q8_config, quantize_q8_1)
+from .module import get_kernel
+from .ops import glu
+
+MOE_MAX_EXPERTS = 1024  # moe_route_softmax's shared-memory table (MOE_MAX_EXPERTS in moe.cu)
+
+
+def supported(type_name: str) -> bool:
+    """Whether expert tensors of this type have id kernels (every quantized GPU type; float experts do not)."""
+    k = GPU_KERNELS.get(type_name)
+    return k is not None and not k.is_float
+
+
+def route(logits, n_used: int, norm: bool):
+    """logits cupy float32 (n_tok, n_expert) -> (ids int32 (n_tok, n_used), weights float32 (n_tok, n_used)):
+    softmax, the top n_used (ties: the lower expert), renormalized to sum 1 when `norm` (as blocks.route)."""
+    import cupy  # noqa: PLC0415
+
+    n_tok, n_expert = logits.shape
+    if not 0 < n_used <= n_expert <= MOE_MAX_EXPERTS:
+        raise ValueError(f"moe route: need 0 < n_used <= n_expert <= {MOE_MAX_EXPERTS}, found {n_used}, {n_expert}")
+    ids = cupy.empty((n_tok, n_used), dtype=cupy.int32)
+    wts = cupy.empty((n_tok, n_used), dtype=cupy.float32)
+    if n_tok:
+        get_kernel("moe", "moe_route_softmax")((n_tok,), (32,), (cupy.ascontiguousarray(logits), np.int32(n_expert),
+                                                                 np.int32(n_used), np.int32(bool(norm)), ids, wts))
+    return ids, wts
+
+
+def combine(y, wts, n_tok: int, rows=None):
+    """out (n_tok, n) = sum_j wts[t, j] * y[rows[t k + j]] (rows None: slot t k + j)."""
+    import cupy  # noqa: PLC0415
+
+    n = y.shape[-1]
+    k = wts.shape[1]
+    out = cupy.empty((n_tok, n), dtype=cupy.float32)
+    total = n_tok * n
+    if total:
+        rows_arg = np.uint64(0) if rows is None else rows
+        get_kernel("moe", "moe_combine")(((total + 255) // 256,), (256,), (y, rows_arg, wts, out, np.int32(n_tok),
+                                                                          np.int32(k), np.int32(n)))
+    return out
+
+
+def _expert_dims(raw, type_name: str) -> tuple[int, int, int, int]:
+    """(n_expert, n_out, n_in, bytes an expert) of a raw 3-D expert tensor on the device."""
+    k = gpu_kernel(type_name)
+    n_expert, n_out, row_bytes = raw.shape
+    if row_bytes % k.type_size:
+        raise ValueError(f"expert rows of {row_bytes} bytes are not whole {type_name} blocks")
+    if raw.data.ptr % k.align or (n_out * row_bytes) % k.align:
+        raise ValueError(f"expert tensor of {type_name} must be {k.align}-byte aligned per expert on the device")
+    return int(n_expert), int(n_out), row_bytes // k.type_size * k.block_size, int(n_out * row_bytes)
+
+
+def id_matvec(ws: list, type_name: str, x, ids, x_div: int, q8_act=None) -> list:
+    """For each slot s of ids (flat int32 (n_slots,)): y_i[s] = W_i[ids[s]] x[s // x_div], for 1 or 2 expert
+    tensors ws of one type and shape (gate and up in one launch). x cupy float32 (rows, n_in); q8_act: x already
+    quantized (quantize_q8_1). Returns one (n_slots, n_out) float32 array per tensor."""
+    import cupy  # noqa: PLC0415
+
+    assert 1 <= len(ws) <= 2
+    k = gpu_kernel(type_name)
+    _, n_out, n_in, expert_bytes = _expert_dims(ws[0], type_name)
+    n_slots = int(ids.shape[0])
+    ys = [cupy.empty((n_slots, n_out), dtype=cupy.float32) for _ in ws]
+    if n_slots == 0 or n_out == 0:
+        return ys
+    n_blocks = n_in // k.block_size
+    i32, i64 = np.int32, np.int64
+    if type_name in Q8_MATVEC:
+        xq, xm = quantize_q8_1(x) if q8_act is None else q8_act
+        staged = Q8_KERNEL[type_name] == "staged"
+        rpw = 2
+        if staged:
+            warps = Q6S_WARPS
+            wpr = 1 if n_blocks <= Q6S_NB else min(Q6S_WARPS, 4 if n_blocks >= 32 else 2)
+            fn = get_kernel("matvec_q8", f"matvec_q8sid_{k.suffix}_r{rpw}")
+        else:
+            warps = MV_WARPS
+            wpr = q8_config(n_out, n_blocks * Q8_MATVEC[type_name], rpw)[1]
+            fn = get_kernel("matvec_q8", f"matvec_q8id_{k.suffix}_r{rpw}")
+        ctas = -(-(-(-n_out // rpw)) // (warps // wpr))
+        w1, y1 = (ws[1], ys[1]) if len(ws) == 2 else (ws[0], ys[0])
+        fn((ctas, n_slots, len(ws)), (warps * 32,), (ws[0], w1, ys[0], y1, ids, i64(expert_bytes), i32(n_out), xq, xm,
+                                                     i32(x_div), i32(n_blocks), i32(wpr)))
+        return ys
+    rpw, wpr = matvec_config(n_out, n_blocks * k.parts, 2)
+    ctas = -(-(-(-n_out // rpw)) // (MV_WARPS // wpr))
+    fn = get_kernel(k.module, f"matvec_id_{k.suffix}_1r2")
+    for w, y in zip(ws, ys):
+        fn((ctas, n_slots), (MV_WARPS * 32,), (w, ids, i64(expert_bytes), x, i32(x_div), y, i32(n_out),
+                                               i32(n_blocks), i32(wpr)))
+    return ys
+
+
+def _decode(h, ids, wts, gate, up, down, act: str):
+    n_tok, n_used = ids.shape
+    flat = ids.reshape(-1)
+    if gate[1] == up[1] and gate[0].shape == up[0].shape:
+        g, u = id_matvec([gate[0], up[0]], gate[1], h, flat, n_used)
+    else:
+        (g,), (u,) = (id_matvec([w[0]], w[1], h, flat, n_used) for w in (gate, up))
+    a = glu(g, u, act)  # (slots, n_ff)
+    (d,) = id_matvec([down[0]], down[1], a, flat, 1)
+    return combine(d, wts, n_tok)
+
+
+def _groups(ids_host: np.ndarray) -> tuple[list[tuple[np.ndarray, int, int]], np.ndarray, np.ndarray]:
+    """The (token, slot) pairs of ids (n_tok, k) grouped by expert for batched GEMMs: (bins, src, dest).
+
+    Experts in order of falling group size form bins; a bin's groups are padded to its first (largest) size m and
+    a new bin starts where a group is below half of it, so padding at most doubles the rows. bins: (experts,
+    m, first row) each; src (rows,): the token of each row, -1 for padding; dest (n_tok k,): each pair's row."""
+    n_tok, k = ids_host.shape
+    flat = ids_host.reshape(-1)
+    used, counts = np.unique(flat, return_counts=True)
+    by_size = np.argsort(-counts, kind="stable")
+    used, counts = used[by_size], counts[by_size]
+    bins, row, i = [], 0, 0
+    first_row = np.empty(len(used), dtype=np.int64)  # of each expert's group
+    while i < len(used):
+        m = int(counts[i])
+        j = i + 1
+        while j < len(used) and 2 * int(counts[j]) >= m:
+            j += 1
+        first_row[i:j] = row + m * np.arange(j - i)
+        bins.append((used[i:j], m, row))
+        row += m * (j - i)
+        i = j
+    slot_of = np.empty(int(flat.max()) + 1, dtype=np.int64)
+    slot_of[used] = np.arange(len(used))
+    order = np.argsort(flat, kind="stable")  # pairs by expert, tokens ascending within
+    sorted_e = flat[order]
+    starts = np.searchsorted(sorted_e, sorted_e, side="left")
+    rank = np.arange(flat.size) - starts  # place of each pair within its expert's group
+    rows = first_row[slot_of[sorted_e]] + rank
+    src = np.full(row, -1, dtype=np.int32)
+    src[rows] = order // k
+    dest = np.empty(flat.size, dtype=np.int32)
+    dest[order] = rows
+    return bins, src, dest
+
+
+def _batched_gemm(w16, x16, y, n_batch: int, m: int, n_out: int, n_in: int) -> None:
+    """y[b] (m, n_out) f32 = x16[b] (m, n_in) @ w16[b].T (n_out, n_in), fp16 in, fp32 accumulate, for b < n_batch."""
+    import cupy  # noqa: PLC0415
+    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+    r16, r32 = cupy.cuda.runtime.CUDA_R_16F, cupy.cuda.runtime.CUDA_R_32F
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    mode = cublas.getPointerMode(handle)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
+    one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+    try:
+        cublas.gemmStridedBatchedEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n_out, m, n_in,
+                                    one.ctypes.data, w16.data.ptr, r16, n_in, n_out * n_in,
+                                    x16.data.ptr, r16, n_in, m * n_in,
+                                    zero.ctypes.data, y.data.ptr, r32, n_out, m * n_out,
+                                    n_batch, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
+    finally:
+        cublas.setPointerMode(handle, mode)
+
+
+def _gather_f16(x, src):
+    import cupy  # noqa: PLC0415
+
+    n = x.shape[1]
+    out = cupy.empty((src.shape[0], n), dtype=cupy.float16)
+    total = out.size
+    if total:
+        get_kernel("moe", "moe_gather_f16")(((total + 255) // 256,), (256,), (x, src, out, np.int32(src.shape[0]),
+                                                                              np.int32(n)))
+    return out
+
+
+def resident_experts(raw, type_name: str):
+    """The dequantizer of experts on the device: f(experts (n,), out fp16 (n n_out, n_in)) writes their rows."""
+    import cupy  # noqa: PLC0415
+
+    n_expert, n_out, _, _ = _expert_dims(raw, type_name)
+    flat = raw.reshape(n_expert * n_out, raw.shape[2])
+
+    def dequant(experts: np.ndarray, out) -> None:
+        rows = (experts[:, None].astype(np.int64) * n_out + np.arange(n_out)).astype(np.int32).reshape(-1)
+        dequantize(flat, type_name, rows=cupy.asarray(rows), dtype=np.float16, out=out)
+
+    return dequant
+
+
+def _grouped(x16, bins: list, n_rows: int, shape: tuple[int, int], dequant) -> object:
+    """(n_rows, n_out) f32: each bin's groups of x16 (n_rows, n_in) fp16 rows times their experts, as one
+    strided-batched GEMM a chunk of experts (dequant(experts, out) writes their fp16 rows, GEMM_CHUNK_ELEMENTS a
+    chunk at most); padding rows come out as whatever their zero inputs give (0)."""
+    import cupy  # noqa: PLC0415
+
+    n_out, n_in = shape
+    y = cupy.empty((n_rows, n_out), dtype=cupy.float32)
+    per_chunk = max(1, GEMM_CHUNK_ELEMENTS // max(1, n_out * n_in))
+    most = min(per_chunk, max(len(b[0]) for b in bins))
+    scratch = cupy.empty((most * n_out, n_in), dtype=cupy.float16)
+    for experts, m, row in bins:
+        for c0 in range(0, len(experts), per_chunk):
+            part = experts[c0:c0 + per_chunk]
+            w16 = scratch[:len(part) * n_out]
+            dequant(part, w16)
+            r = row + c0 * m
+            _batched_gemm(w16, x16[r:], y[r:], len(part), m, n_out, n_in)
+    return y
+
+
+def prefill(h, ids, wts, shapes: tuple, dequants: tuple, act: str):
+    """The experts of routed tokens (ids, wts from route) for a batch: shapes the (n_out, n_in) of gate, up and
+    down, dequants their dequantizers (resident_experts, or one that uploads experts from host memory first)."""
+    import cupy  # noqa: PLC0415
+
+    n_tok = h.shape[0]
+    bins, src, dest = _groups(cupy.asnumpy(ids))  # the one host synchronization: group sizes set the shapes
+    n_rows = src.shape[0]
+    x16 = _gather_f16(h, cupy.asarray(src))  # (n_rows, n_embd)
+    g = _grouped(x16, bins, n_rows, shapes[0], dequants[0])
+    u = _grouped(x16, bins, n_rows, shapes[1], dequants[1])
+    a16 = glu(g, u, act).astype(cupy.float16)  # padding rows are glu(0, 0) = 0
+    del g, u, x16
+    d = _grouped(a16, bins, n_rows, shapes[2], dequants[2])  # (n_rows, n_embd)
+    return combine(d, wts, n_tok, rows=cupy.asarray(dest))
+
+
+def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, n_used: int, norm: bool, act: str):
+    """The MoE FFN of h (see the module docstring); every weight a (raw on the device, GGML type) pair."""
+    import cupy  # noqa: PLC0415
+
+    h = cupy.ascontiguousarray(h, dtype=cupy.float32)
+    for w in (gate, up, down):
+        if not supported(w[1]):
+            raise ValueError(f"no MoE kernels for expert tensors of {w[1]}")
+    logits = matmul(router[0], router[1], h)  # (n_tok, n_expert)
+    ids, wts = route(logits, n_used, norm)
+    if h.shape[0] <= MATVEC_MAX_TOKENS:
+        return _decode(h, ids, wts, gate, up, down, act)
+    shapes = tuple(_expert_dims(*w)[1:3] for w in (gate, up, down))
+    return prefill(h, ids, wts, shapes, tuple(resident_experts(*w) for w in (gate, up, down)), act)
