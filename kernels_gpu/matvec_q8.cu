@@ -307,3 +307,55 @@ __device__ __forceinline__ Q8Id q8_id_pick(MVQ8ID_ARGS) {
     }
 Q8ID_ENTRY(q4_k, Q4K8, 2)
 Q8ID_ENTRY(q6_k, Q6K8, 2)
+
+// Short rows (n_items = n_blocks * P <= 32 items, e.g. an expert's down projection of 768 inputs, 12 items of
+// Q4_K): matvec_q8_body would leave 32 - n_items lanes of a warp idle, so here a warp takes 32 / n_items rows a
+// pass, lane l item l % n_items of row l / n_items, and RPW passes (their weight loads issued before the first
+// dp4a); each row's partial sums are added in item order through shared memory (deterministic).
+template <class Q, int RPW>
+__device__ __forceinline__ void matvec_q8_short_body(int cta, const u8* __restrict__ w, const i8* __restrict__ xq,
+                                                     const float4* __restrict__ xm, float* __restrict__ y,
+                                                     int n_out, int n_blocks) {
+    __shared__ float part[MV_WARPS][WARP];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n_items = n_blocks * Q::P;
+    const int per_pass = WARP / n_items;
+    const int row0 = (cta * MV_WARPS + warp) * per_pass * RPW;
+    const size_t row_bytes = (size_t)n_blocks * Q::TS;
+    const int sub = lane / n_items, item = lane % n_items;
+    const bool active = sub < per_pass;
+    const int b = item / Q::P, p = item % Q::P;
+    float acc[RPW];
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) acc[rr] = 0.0f;
+    if (active && row0 < n_out) {
+        typename Q::W wr[RPW];
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) {
+            const int row = min(row0 + rr * per_pass + sub, n_out - 1);  // past the end: re-read the last row
+            wr[rr] = Q::load(w + (size_t)row * row_bytes + (size_t)b * Q::TS, p);
+        }
+        const typename Q::X xv = Q::loadx(xq, xm, b, p);
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr) acc[rr] = Q::dot(wr[rr], xv, p);
+    }
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr) {
+        part[warp][lane] = acc[rr];
+        __syncwarp();
+        const int row = row0 + rr * per_pass + lane;
+        if (lane < per_pass && row < n_out) {
+            float s = 0.0f;
+            for (int j = 0; j < n_items; ++j) s += part[warp][lane * n_items + j];
+            y[row] = s;
+        }
+        __syncwarp();
+    }
+}
+#define Q8ID_SHORT_ENTRY(name, Q, R)                                                                         \
+    extern "C" __global__ void __launch_bounds__(256) matvec_q8id_short_##name##_r##R(MVQ8ID_ARGS) {         \
+        const Q8Id m = q8_id_pick<Q::BS>(w0, w1, y0, y1, ids, expert_bytes, n_out, xq, xm, x_div, n_blocks, wpr); \
+        matvec_q8_short_body<Q, R>(blockIdx.x, m.w, m.xq, m.xm, m.y, n_out, n_blocks);                      \
+    }
+Q8ID_SHORT_ENTRY(q4_k, Q4K8, 2)
+Q8ID_SHORT_ENTRY(q6_k, Q6K8, 2)

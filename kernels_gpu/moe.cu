@@ -5,58 +5,69 @@
 #define MOE_MAX_EXPERTS 1024
 #endif
 
-// Softmax router, one warp a token: ids[t, j] = the j-th largest logit of row t (ties: the lower expert first, as a
-// stable sort), wts[t, j] = its softmax probability, renormalized over the k selected when `norm` (the sum clamped at
-// 6.103515625e-5 as llama.cpp). n_expert <= MOE_MAX_EXPERTS, k <= n_expert.
-extern "C" __global__ void __launch_bounds__(32) moe_route_softmax(const float* __restrict__ logits, int n_expert,
-                                                                  int k, int norm, i32* __restrict__ ids,
-                                                                  float* __restrict__ wts) {
-    __shared__ u8 taken[MOE_MAX_EXPERTS];
-    const int t = blockIdx.x, lane = threadIdx.x;
+// Softmax router, one CTA of MOE_ROUTE_THREADS a token: ids[t, j] = the expert of the j-th largest logit of row t
+// (ties: the lower expert first, as a stable sort), wts[t, j] = its softmax probability, renormalized over the k
+// selected when `norm` (the sum, in rank order, clamped at 6.103515625e-5 as llama.cpp). Each expert's rank is
+// counted against all n_expert logits at once (no k serial rounds); n_expert <= MOE_MAX_EXPERTS, k <= MOE_MAX_K.
+#define MOE_ROUTE_THREADS 128
+#define MOE_MAX_K 64
+__device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, u) : v + u;
+    }
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < MOE_ROUTE_THREADS / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+    __syncthreads();  // red is reused by the next call
+    return r;
+}
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_softmax(const float* __restrict__ logits,
+                                                                                 int n_expert, int k, int norm,
+                                                                                 i32* __restrict__ ids,
+                                                                                 float* __restrict__ wts) {
+    __shared__ float v[MOE_MAX_EXPERTS];
+    __shared__ float red[MOE_ROUTE_THREADS / 32];
+    __shared__ float sel[MOE_MAX_K];
+    const int t = blockIdx.x;
     const float* l = logits + (size_t)t * n_expert;
     float m = NEG_INF;
-    for (int i = lane; i < n_expert; i += WARP) {
-        m = fmaxf(m, l[i]);
-        taken[i] = 0;
+    for (int i = threadIdx.x; i < n_expert; i += MOE_ROUTE_THREADS) {
+        v[i] = l[i];
+        m = fmaxf(m, v[i]);
     }
-    m = warp_max(m);
+    if (threadIdx.x < k) {  // in bounds whatever happens below (NaN logits rank no expert)
+        ids[(size_t)t * k + threadIdx.x] = 0;
+        sel[threadIdx.x] = 0.0f;
+    }
+    m = block_reduce(m, red, true);  // its barrier also publishes v
     float s = 0.0f;
-    for (int i = lane; i < n_expert; i += WARP) s += expf(l[i] - m);
-    s = warp_sum(s);
-    __syncwarp();
-    float sel = 0.0f;  // sum of the selected probabilities (lane 0)
-    for (int j = 0; j < k; ++j) {
-        float best = NEG_INF;
-        int bi = -1;
-        for (int i = lane; i < n_expert; i += WARP) {
-            const float v = l[i];
-            if (!taken[i] && (bi < 0 || v > best)) {  // ascending i: an equal value keeps the lower index
-                best = v;
-                bi = i;
-            }
+    for (int i = threadIdx.x; i < n_expert; i += MOE_ROUTE_THREADS) s += expf(v[i] - m);
+    s = block_reduce(s, red, false);
+    for (int i = threadIdx.x; i < n_expert; i += MOE_ROUTE_THREADS) {
+        const float x = v[i];
+        int rank = 0;
+        for (int j = 0; j < n_expert; ++j) {
+            const float y = v[j];
+            rank += (y > x) || (y == x && j < i);
         }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (oi >= 0 && (bi < 0 || ov > best || (ov == best && oi < bi))) {
-                best = ov;
-                bi = oi;
-            }
+        if (rank < k) {
+            ids[(size_t)t * k + rank] = i;
+            sel[rank] = expf(x - m) / s;
         }
-        if (lane == 0) {
-            const int e = bi < 0 ? 0 : bi;  // only for NaN rows
-            const float p = expf(best - m) / s;
-            taken[e] = 1;
-            ids[(size_t)t * k + j] = e;
-            wts[(size_t)t * k + j] = p;
-            sel += p;
-        }
-        __syncwarp();
     }
-    if (norm && lane == 0) {
-        const float d = fmaxf(sel, 6.103515625e-5f);
-        for (int j = 0; j < k; ++j) wts[(size_t)t * k + j] /= d;
+    __syncthreads();
+    if (threadIdx.x < k) {
+        float w = sel[threadIdx.x];
+        if (norm) {
+            float total = 0.0f;
+            for (int j = 0; j < k; ++j) total += sel[j];
+            w /= fmaxf(total, 6.103515625e-5f);
+        }
+        wts[(size_t)t * k + threadIdx.x] = w;
     }
 }
 
@@ -85,4 +96,30 @@ extern "C" __global__ void moe_gather_f16(const float* __restrict__ x, const i32
     const int r = (int)(i / n), c = (int)(i % n);
     const int s = src[r];
     out[i] = s < 0 ? (u16)0 : f2h(x[(size_t)s * n + c]);
+}
+
+// a = act(gate) * up (glu_f32's formula: act 0 silu, 1 gelu), quantized as quantize_q8_1 (matvec_q8.cu) in the same
+// kernel: the down projection's q8 input. n % 32 == 0: a warp is one q8 block, in or out as a whole.
+extern "C" __global__ void __launch_bounds__(256) moe_glu_q8(const float* __restrict__ gate, const float* __restrict__ up,
+                                                            int act, i8* __restrict__ xq, float4* __restrict__ xm,
+                                                            int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float g = gate[i];
+    float a;
+    if (act == 0) {
+        a = g / (1.0f + expf(-g));
+    } else {
+        a = 0.5f * g * (1.0f + tanhf(0.79788456080286535587989211986876f * g * (1.0f + 0.044715f * g * g)));
+    }
+    a *= up[i];
+    const float amax = warp_max(fabsf(a));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : __float2int_rn(a / d);
+    xq[i] = (i8)q;
+    float s = (float)q;  // exact: |sum| <= 16 * 127
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float s_hi = __shfl_sync(0xffffffffu, s, 16);
+    if ((threadIdx.x & 31) == 0) xm[i >> 5] = make_float4(d, s, s_hi, 0.0f);
 }

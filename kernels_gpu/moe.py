@@ -10,9 +10,10 @@ Q8_MATVEC types, `matvec_id_*` on float activations for the others), the GLU, on
 own GLU output, and `moe_combine`: no host synchronization, so a decode step stays one CUDA graph.
 
 Prefill: the same routing, then the (token, expert) pairs are grouped by expert on the host (one copy of the ids
-back: the group sizes set the GEMM shapes), the tokens gathered expert by expert into one fp16 matrix padded to
-the largest group, and each projection is one strided-batched cuBLAS GEMM over the used experts (dequantized to
-fp16 in chunks of GEMM_CHUNK_ELEMENTS), then `moe_combine` adds each token's rows back with its weights.
+back: the group sizes set the GEMM shapes) into runs of consecutive used experts of similar group sizes, the tokens
+gathered into one fp16 matrix with each run's groups padded to its largest, and each run of each projection is
+one contiguous dequantization to fp16 and one strided-batched cuBLAS GEMM; `moe_combine` adds each token's rows
+back with its weights.
 """
 
 from __future__ import annotations
@@ -20,11 +21,15 @@ from __future__ import annotations
 import numpy as np
 
 from .matmul import (GEMM_CHUNK_ELEMENTS, GPU_KERNELS, MATVEC_MAX_TOKENS, MV_WARPS, Q6S_NB, Q6S_WARPS, Q8_KERNEL,
-                     Q8_MATVEC, dequantize, gpu_kernel, matmul, matvec_config, q8_config, quantize_q8_1)
+                     Q8_BLOCK, Q8_MATVEC, dequantize, gpu_kernel, matmul, matvec_config, q8_config, quantize_q8_1)
 from .module import get_kernel
-from .ops import glu
+from .ops import GLU_ACTS, glu
 
 MOE_MAX_EXPERTS = 1024  # moe_route_softmax's shared-memory table (MOE_MAX_EXPERTS in moe.cu)
+MOE_MAX_K = 64  # experts a token at most (MOE_MAX_K in moe.cu)
+MOE_ROUTE_THREADS = 128  # threads a token in moe_route_softmax
+SHORT_PASSES = 2  # rows a lane in the short-row q8 id kernel (R of matvec_q8id_short_*)
+PAD_FREE_ROWS = 32  # prefill: expert groups padded up to this many rows whatever the padding (see _groups)
 
 
 def supported(type_name: str) -> bool:
@@ -39,13 +44,15 @@ def route(logits, n_used: int, norm: bool):
     import cupy  # noqa: PLC0415
 
     n_tok, n_expert = logits.shape
-    if not 0 < n_used <= n_expert <= MOE_MAX_EXPERTS:
-        raise ValueError(f"moe route: need 0 < n_used <= n_expert <= {MOE_MAX_EXPERTS}, found {n_used}, {n_expert}")
+    if not (0 < n_used <= n_expert <= MOE_MAX_EXPERTS and n_used <= MOE_MAX_K):
+        raise ValueError(f"moe route: need 0 < n_used <= {MOE_MAX_K}, n_used <= n_expert <= {MOE_MAX_EXPERTS}, "
+                         f"found {n_used}, {n_expert}")
     ids = cupy.empty((n_tok, n_used), dtype=cupy.int32)
     wts = cupy.empty((n_tok, n_used), dtype=cupy.float32)
     if n_tok:
-        get_kernel("moe", "moe_route_softmax")((n_tok,), (32,), (cupy.ascontiguousarray(logits), np.int32(n_expert),
-                                                                 np.int32(n_used), np.int32(bool(norm)), ids, wts))
+        fn = get_kernel("moe", "moe_route_softmax")
+        fn((n_tok,), (MOE_ROUTE_THREADS,), (cupy.ascontiguousarray(logits), np.int32(n_expert), np.int32(n_used),
+                                            np.int32(bool(norm)), ids, wts))
     return ids, wts
 
 
@@ -94,6 +101,16 @@ def id_matvec(ws: list, type_name: str, x, ids, x_div: int, q8_act=None) -> list
         xq, xm = quantize_q8_1(x) if q8_act is None else q8_act
         staged = Q8_KERNEL[type_name] == "staged"
         rpw = 2
+        items = n_blocks * Q8_MATVEC[type_name]
+        w1, y1 = (ws[1], ys[1]) if len(ws) == 2 else (ws[0], ys[0])
+        if items <= 32 and not staged:  # short rows: several rows a warp (matvec_q8_short_body; measured on the
+            # H200, an expert's down projection of 768 inputs: Q4_K 1278 GB/s vs 905 with matvec_q8id; Q6_K 704 vs
+            # 846 with the staged kernel, which keeps it)
+            ctas = -(-n_out // (MV_WARPS * (32 // items) * SHORT_PASSES))
+            fn = get_kernel("matvec_q8", f"matvec_q8id_short_{k.suffix}_r{SHORT_PASSES}")
+            fn((ctas, n_slots, len(ws)), (MV_WARPS * 32,), (ws[0], w1, ys[0], y1, ids, i64(expert_bytes), i32(n_out),
+                                                           xq, xm, i32(x_div), i32(n_blocks), i32(1)))
+            return ys
         if staged:
             warps = Q6S_WARPS
             wpr = 1 if n_blocks <= Q6S_NB else min(Q6S_WARPS, 4 if n_blocks >= 32 else 2)
@@ -103,7 +120,6 @@ def id_matvec(ws: list, type_name: str, x, ids, x_div: int, q8_act=None) -> list
             wpr = q8_config(n_out, n_blocks * Q8_MATVEC[type_name], rpw)[1]
             fn = get_kernel("matvec_q8", f"matvec_q8id_{k.suffix}_r{rpw}")
         ctas = -(-(-(-n_out // rpw)) // (warps // wpr))
-        w1, y1 = (ws[1], ys[1]) if len(ws) == 2 else (ws[0], ys[0])
         fn((ctas, n_slots, len(ws)), (warps * 32,), (ws[0], w1, ys[0], y1, ids, i64(expert_bytes), i32(n_out), xq, xm,
                                                      i32(x_div), i32(n_blocks), i32(wpr)))
         return ys
@@ -123,45 +139,74 @@ def _decode(h, ids, wts, gate, up, down, act: str):
         g, u = id_matvec([gate[0], up[0]], gate[1], h, flat, n_used)
     else:
         (g,), (u,) = (id_matvec([w[0]], w[1], h, flat, n_used) for w in (gate, up))
-    a = glu(g, u, act)  # (slots, n_ff)
-    (d,) = id_matvec([down[0]], down[1], a, flat, 1)
+    if down[1] in Q8_MATVEC:  # the GLU and the q8 quantization of its output in one kernel
+        (d,) = id_matvec([down[0]], down[1], None, flat, 1, q8_act=_glu_q8(g, u, act))
+    else:
+        (d,) = id_matvec([down[0]], down[1], glu(g, u, act), flat, 1)
     return combine(d, wts, n_tok)
 
 
-def _groups(ids_host: np.ndarray) -> tuple[list[tuple[np.ndarray, int, int]], np.ndarray, np.ndarray]:
-    """The (token, slot) pairs of ids (n_tok, k) grouped by expert for batched GEMMs: (bins, src, dest).
+def _glu_q8(g, u, act: str) -> tuple:
+    """quantize_q8_1(glu(g, u, act)) in one kernel (moe_glu_q8): g, u cupy float32 (rows, n), n % 32 == 0."""
+    import cupy  # noqa: PLC0415
 
-    Experts in order of falling group size form bins; a bin's groups are padded to its first (largest) size m and
-    a new bin starts where a group is below half of it, so padding at most doubles the rows. bins: (experts,
-    m, first row) each; src (rows,): the token of each row, -1 for padding; dest (n_tok k,): each pair's row."""
-    n_tok, k = ids_host.shape
+    n_rows, n = g.shape
+    total = n_rows * n
+    q_bytes = -(-total // 16) * 16  # xm starts 16-byte aligned, as quantize_q8_1's
+    buf = cupy.empty(q_bytes + total // Q8_BLOCK * 16, dtype=cupy.uint8)
+    xq = buf[:total].view(cupy.int8).reshape(n_rows, n)
+    xm = buf[q_bytes:].view(cupy.float32).reshape(n_rows, n // Q8_BLOCK, 4)
+    if total:
+        get_kernel("moe", "moe_glu_q8")(((total + 255) // 256,), (256,), (g, u, np.int32(GLU_ACTS[act]), xq, xm,
+                                                                          np.int32(total)))
+    return xq, xm
+
+
+def _groups(ids_host: np.ndarray, max_run: int) -> tuple[list[tuple[int, int, int, int]], np.ndarray, np.ndarray]:
+    """The (token, slot) pairs of ids (n_tok, k) grouped by expert for batched GEMMs: (runs, src, dest).
+
+    A run is up to max_run consecutive experts that starts and ends with an expert that has tokens; its groups
+    are padded to its largest size m (unused experts inside it are groups of padding only: dequantizing one costs
+    less than the launches of another run), and it ends before an expert that would make the padded rows more
+    than twice the real ones with m above PAD_FREE_ROWS (small groups pad for free: a GEMM of so few rows costs
+    its weight reads). Its experts' weights are one contiguous slice. runs: (first expert, end expert, m, first row) each; src (rows,): the token
+    of each row, -1 for padding; dest (n_tok k,): each pair's row."""
     flat = ids_host.reshape(-1)
-    used, counts = np.unique(flat, return_counts=True)
-    by_size = np.argsort(-counts, kind="stable")
-    used, counts = used[by_size], counts[by_size]
-    bins, row, i = [], 0, 0
-    first_row = np.empty(len(used), dtype=np.int64)  # of each expert's group
-    while i < len(used):
-        m = int(counts[i])
-        j = i + 1
-        while j < len(used) and 2 * int(counts[j]) >= m:
-            j += 1
-        first_row[i:j] = row + m * np.arange(j - i)
-        bins.append((used[i:j], m, row))
-        row += m * (j - i)
-        i = j
-    slot_of = np.empty(int(flat.max()) + 1, dtype=np.int64)
-    slot_of[used] = np.arange(len(used))
-    order = np.argsort(flat, kind="stable")  # pairs by expert, tokens ascending within
+    k = ids_host.shape[1]
+    counts = np.bincount(flat).tolist()  # plain ints: the walk below is Python
+    n = len(counts)
+    runs, row, e = [], 0, 0
+    first_row = np.zeros(n, dtype=np.int64)  # of each expert's group
+    while e < n:
+        if counts[e] == 0:
+            e += 1
+            continue
+        hi = total = counts[e]
+        e1 = last = e + 1  # last: the end of the run's used experts (a run never ends with an unused one)
+        while e1 < n and e1 - e < max_run:
+            c = counts[e1]
+            m = max(hi, c)
+            if m > PAD_FREE_ROWS and m * (e1 - e + 1) > 2 * (total + c):
+                break
+            hi, total = m, total + c
+            e1 += 1
+            if c:
+                last = e1
+        e1 = last
+        first_row[e:e1] = np.arange(row, row + hi * (e1 - e), hi)
+        runs.append((e, e1, hi, row))
+        row += hi * (e1 - e)
+        e = e1
+    # pairs by expert, tokens ascending within (int16: numpy's stable sort is then a radix sort)
+    order = np.argsort(flat.astype(np.int16 if n <= 32768 else np.int64), kind="stable")
     sorted_e = flat[order]
-    starts = np.searchsorted(sorted_e, sorted_e, side="left")
-    rank = np.arange(flat.size) - starts  # place of each pair within its expert's group
-    rows = first_row[slot_of[sorted_e]] + rank
+    starts = np.cumsum(counts) - counts  # each expert's first place in the sorted pairs
+    rows = first_row[sorted_e] + (np.arange(flat.size) - starts[sorted_e])  # + the pair's place in its group
     src = np.full(row, -1, dtype=np.int32)
     src[rows] = order // k
     dest = np.empty(flat.size, dtype=np.int32)
     dest[order] = rows
-    return bins, src, dest
+    return runs, src, dest
 
 
 def _batched_gemm(w16, x16, y, n_batch: int, m: int, n_out: int, n_in: int) -> None:
@@ -198,37 +243,34 @@ def _gather_f16(x, src):
 
 
 def resident_experts(raw, type_name: str):
-    """The dequantizer of experts on the device: f(experts (n,), out fp16 (n n_out, n_in)) writes their rows."""
-    import cupy  # noqa: PLC0415
-
+    """The dequantizer of experts on the device: f(e0, e1, out fp16 ((e1 - e0) n_out, n_in)) writes experts
+    [e0, e1)."""
     n_expert, n_out, _, _ = _expert_dims(raw, type_name)
     flat = raw.reshape(n_expert * n_out, raw.shape[2])
 
-    def dequant(experts: np.ndarray, out) -> None:
-        rows = (experts[:, None].astype(np.int64) * n_out + np.arange(n_out)).astype(np.int32).reshape(-1)
-        dequantize(flat, type_name, rows=cupy.asarray(rows), dtype=np.float16, out=out)
+    def dequant(e0: int, e1: int, out) -> None:
+        dequantize(flat[e0 * n_out:e1 * n_out], type_name, dtype=np.float16, out=out)
 
     return dequant
 
 
-def _grouped(x16, bins: list, n_rows: int, shape: tuple[int, int], dequant) -> object:
-    """(n_rows, n_out) f32: each bin's groups of x16 (n_rows, n_in) fp16 rows times their experts, as one
-    strided-batched GEMM a chunk of experts (dequant(experts, out) writes their fp16 rows, GEMM_CHUNK_ELEMENTS a
-    chunk at most); padding rows come out as whatever their zero inputs give (0)."""
+def max_run(shapes: tuple) -> int:
+    """Experts one dequantized fp16 chunk holds (GEMM_CHUNK_ELEMENTS) for the largest of the projections."""
+    return max(1, GEMM_CHUNK_ELEMENTS // max(1, max(n_out * n_in for n_out, n_in in shapes)))
+
+
+def _grouped(x16, runs: list, n_rows: int, shape: tuple[int, int], dequant) -> object:
+    """(n_rows, n_out) f32: each run's groups of x16 (n_rows, n_in) fp16 rows times their experts, one
+    strided-batched GEMM a run on its experts dequantized to fp16 (dequant(e0, e1, out)); padding rows give 0."""
     import cupy  # noqa: PLC0415
 
     n_out, n_in = shape
     y = cupy.empty((n_rows, n_out), dtype=cupy.float32)
-    per_chunk = max(1, GEMM_CHUNK_ELEMENTS // max(1, n_out * n_in))
-    most = min(per_chunk, max(len(b[0]) for b in bins))
-    scratch = cupy.empty((most * n_out, n_in), dtype=cupy.float16)
-    for experts, m, row in bins:
-        for c0 in range(0, len(experts), per_chunk):
-            part = experts[c0:c0 + per_chunk]
-            w16 = scratch[:len(part) * n_out]
-            dequant(part, w16)
-            r = row + c0 * m
-            _batched_gemm(w16, x16[r:], y[r:], len(part), m, n_out, n_in)
+    scratch = cupy.empty((max(e1 - e0 for e0, e1, _, _ in runs) * n_out, n_in), dtype=cupy.float16)
+    for e0, e1, m, row in runs:
+        w16 = scratch[:(e1 - e0) * n_out]
+        dequant(e0, e1, w16)
+        _batched_gemm(w16, x16[row:], y[row:], e1 - e0, m, n_out, n_in)
     return y
 
 
@@ -238,15 +280,17 @@ def prefill(h, ids, wts, shapes: tuple, dequants: tuple, act: str):
     import cupy  # noqa: PLC0415
 
     n_tok = h.shape[0]
-    bins, src, dest = _groups(cupy.asnumpy(ids))  # the one host synchronization: group sizes set the shapes
+    # the one host synchronization: the group sizes set the GEMM shapes; then one upload of the row maps
+    runs, src, dest = _groups(cupy.asnumpy(ids), max_run(shapes))
     n_rows = src.shape[0]
-    x16 = _gather_f16(h, cupy.asarray(src))  # (n_rows, n_embd)
-    g = _grouped(x16, bins, n_rows, shapes[0], dequants[0])
-    u = _grouped(x16, bins, n_rows, shapes[1], dequants[1])
+    maps = cupy.asarray(np.concatenate([src, dest]))
+    x16 = _gather_f16(h, maps[:n_rows])  # (n_rows, n_embd)
+    g = _grouped(x16, runs, n_rows, shapes[0], dequants[0])
+    u = _grouped(x16, runs, n_rows, shapes[1], dequants[1])
     a16 = glu(g, u, act).astype(cupy.float16)  # padding rows are glu(0, 0) = 0
     del g, u, x16
-    d = _grouped(a16, bins, n_rows, shapes[2], dequants[2])  # (n_rows, n_embd)
-    return combine(d, wts, n_tok, rows=cupy.asarray(dest))
+    d = _grouped(a16, runs, n_rows, shapes[2], dequants[2])  # (n_rows, n_embd)
+    return combine(d, wts, n_tok, rows=maps[n_rows:])
 
 
 def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, n_used: int, norm: bool, act: str):

@@ -10,7 +10,8 @@ in a real token, not from L2), with bytes moved and GB/s for the matmuls. The we
 device copy rate give the bandwidth limit on tokens/s (MoE: the experts a token uses, n_expert_used of n_expert).
 MoE layers (GpuBackend.fused_moe) are split into their parts: "moe router" (the router matmul), "moe route"
 (softmax and top-k), "moe experts" (the gate/up and down id matvecs, and the q8 quantization of their inputs),
-"moe glu" and "moe combine" (the weighted sum).
+"moe glu" or "moe glu+q8" (the GLU with the q8 quantization of the down input) and "moe combine" (the weighted
+sum).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from gpu_check import time_events, time_graph  # noqa: E402
 OPS = ("matmul", "matmuls", "rms_norm", "add_rms_norm", "rms_norm_heads", "rope", "scale", "glu", "kv_store", "attention")
 # kernels_gpu.moe's module-level functions its moe_ffn calls, wrapped as the backend's ops are
 MOE_OPS = {"matmul": "moe router", "route": "moe route", "id_matvec": "moe experts",
-           "glu": "moe glu", "combine": "moe combine"}
+           "glu": "moe glu", "_glu_q8": "moe glu+q8", "combine": "moe combine"}
 
 
 def copy_rate() -> float:

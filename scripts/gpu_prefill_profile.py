@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 OPS = ("matmul", "matmuls", "get_rows", "rms_norm", "add_rms_norm", "rms_norm_heads", "rope", "scale", "glu", "kv_store",
-       "attention", "from_host", "to_host")
+       "attention", "from_host", "to_host", "fused_moe")
 
 
 def main() -> None:

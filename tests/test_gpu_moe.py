@@ -77,9 +77,10 @@ def _experts(type_name: str, n_expert: int, n_out: int, n_in: int, rng, scale: f
 
 @pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_K", "Q3_K", "IQ4_XS", "IQ4_NL"])
 @pytest.mark.parametrize("n_tok,k,pair", [(1, 4, True), (3, 2, True), (1, 8, False)])
-def test_id_matvec_vs_float64(type_name, n_tok, k, pair):
+@pytest.mark.parametrize("n_in", [512, 4096])  # q8 types: short rows (<= 32 items, several rows a warp) and long
+def test_id_matvec_vs_float64(type_name, n_tok, k, pair, n_in):
     rng = np.random.default_rng(11)
-    n_expert, n_out, n_in = 6, 72, 512
+    n_expert, n_out = 6, 72
     raws = [_experts(type_name, n_expert, n_out, n_in, rng) for _ in range(2 if pair else 1)]
     ids = rng.integers(0, n_expert, n_tok * k).astype(np.int32)
     x_div = k if pair else 1  # gate/up: the token's x for its k slots; down: one x row a slot

@@ -5,24 +5,31 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernels_gpu.moe import _groups
+from kernels_gpu.moe import PAD_FREE_ROWS, _groups
 
 
 @pytest.mark.parametrize("n_tok,n_expert,k", [(9, 16, 4), (64, 128, 8), (512, 128, 8), (10, 8, 8), (33, 4, 1)])
-def test_every_pair_has_one_row_of_its_expert(n_tok, n_expert, k):
+@pytest.mark.parametrize("skew", [0.0, 3.0])
+def test_every_pair_has_one_row_of_its_expert(n_tok, n_expert, k, skew):
     rng = np.random.default_rng(n_tok)
-    logits = rng.standard_normal((n_tok, n_expert)) * np.linspace(0.1, 3, n_expert)  # skewed, as real routers
+    logits = rng.standard_normal((n_tok, n_expert)) * np.linspace(0.1, 3, n_expert)  # uneven, as real routers
+    logits[:, : n_expert // 8] += skew  # a few hot experts most tokens pick (synthetic models route so)
     ids = np.argsort(-logits, axis=1)[:, :k].astype(np.int32)
-    bins, src, dest = _groups(ids)
+    runs, src, dest = _groups(ids, max_run=24)
     expert_of_row = np.full(src.shape[0], -1)
-    for experts, m, row in bins:
-        counts = [int((ids == e).sum()) for e in experts]
-        assert counts[0] == m and all(m >= c and 2 * c >= m for c in counts)  # padding at most doubles a group
-        for i, e in enumerate(experts):
-            expert_of_row[row + i * m:row + (i + 1) * m] = e
+    ends = [0]
+    for e0, e1, m, row in runs:
+        counts = [int((ids == e).sum()) for e in range(e0, e1)]
+        assert 0 < e1 - e0 <= 24 and counts[0] > 0 and counts[-1] > 0 and row == ends[-1]
+        assert m == max(counts) and (m <= PAD_FREE_ROWS or m * len(counts) <= 2 * sum(counts))  # bounded padding
+        ends.append(row + m * (e1 - e0))
+        for e in range(e0, e1):
+            expert_of_row[row + (e - e0) * m:row + (e - e0 + 1) * m] = e
+    covered = np.concatenate([np.arange(e0, e1) for e0, e1, _, _ in runs])
+    assert np.all(np.diff(covered) > 0) and set(np.unique(ids)) <= set(covered.tolist())  # every used expert once
     flat = ids.reshape(-1)
     assert len(set(dest.tolist())) == flat.size  # one row per pair
     assert np.array_equal(src[dest], np.arange(flat.size) // k)  # ... holding its token
     assert np.array_equal(expert_of_row[dest], flat)  # ... in its expert's group
     assert int((src >= 0).sum()) == flat.size  # every other row is padding
-    assert src.shape[0] <= 2 * flat.size
+    assert src.shape[0] <= 2 * flat.size + PAD_FREE_ROWS * covered.size  # groups of <= 32 rows pad freely

@@ -138,12 +138,12 @@ class OffloadBackend:
         return moe.prefill(x, ids, wts, shapes, tuple(self._host_experts(w) for w in ws[1:]), spec.ffn_act)
 
     def _host_experts(self, w: Weight):
-        """moe.prefill's dequantizer for the host expert tensor w: the asked experts uploaded, then dequantized."""
+        """moe.prefill's dequantizer for the host expert tensor w: experts [e0, e1) uploaded, then dequantized."""
         from kernels_gpu.matmul import dequantize  # noqa: PLC0415
 
-        def dequant(experts: np.ndarray, out) -> None:
-            picked = np.ascontiguousarray(w.raw[experts])  # (len(experts), n_out, row_bytes), in their order
-            dev = self.gpu.upload(Weight(w.name, w.type_name, picked.shape, picked)).raw
-            dequantize(dev.reshape(-1, picked.shape[2]), w.type_name, dtype=np.float16, out=out)
+        def dequant(e0: int, e1: int, out) -> None:
+            part = w.raw[e0:e1]  # (e1 - e0, n_out, row_bytes): one contiguous slice of the host tensor
+            dev = self.gpu.upload(Weight(w.name, w.type_name, part.shape, part)).raw
+            dequantize(dev.reshape(-1, part.shape[2]), w.type_name, dtype=np.float16, out=out)
 
         return dequant
