@@ -193,24 +193,35 @@ __device__ __forceinline__ void dequant_body(const u8* __restrict__ w, const i32
     int xo[Q::R];
     Q::load(w + (src * n_blocks + b) * Q::TS, p, q, sc, mn, xo);
     const size_t base = ((size_t)r * n_blocks + b) * Q::BS;
+    if constexpr (HALF) {  // R is even: runs in pairs, one 16-byte store where a pair is adjacent and aligned
+#pragma unroll
+        for (int k = 0; k < Q::R; k += 2) {
+            uint2 h[2];
+#pragma unroll
+            for (int kk = 0; kk < 2; ++kk) {
+                float v[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    v[e] = Q::HAS_MIN ? sc[k + kk] * q[k + kk][e] - mn[k + kk] : sc[k + kk] * q[k + kk][e];
+                h[kk].x = (u32)f2h(v[0]) | ((u32)f2h(v[1]) << 16);
+                h[kk].y = (u32)f2h(v[2]) | ((u32)f2h(v[3]) << 16);
+            }
+            u16* dst = (u16*)out + base + xo[k];
+            if (xo[k + 1] == xo[k] + 4 && ((size_t)dst & 15) == 0) {
+                *(uint4*)dst = make_uint4(h[0].x, h[0].y, h[1].x, h[1].y);
+            } else {
+                *(uint2*)dst = h[0];
+                *(uint2*)((u16*)out + base + xo[k + 1]) = h[1];
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int k = 0; k < Q::R; ++k) {
         float v[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) v[e] = Q::HAS_MIN ? sc[k] * q[k][e] - mn[k] : sc[k] * q[k][e];
-        if constexpr (HALF) {
-            uint2 h;
-            h.x = (u32)f2h(v[0]) | ((u32)f2h(v[1]) << 16);
-            h.y = (u32)f2h(v[2]) | ((u32)f2h(v[3]) << 16);
-            *(uint2*)((u16*)out + base + xo[k]) = h;
-        } else {
-            float4 f;
-            f.x = v[0];
-            f.y = v[1];
-            f.z = v[2];
-            f.w = v[3];
-            *(float4*)((float*)out + base + xo[k]) = f;
-        }
+        *(float4*)((float*)out + base + xo[k]) = make_float4(v[0], v[1], v[2], v[3]);
     }
 }
 

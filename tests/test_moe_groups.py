@@ -33,3 +33,13 @@ def test_every_pair_has_one_row_of_its_expert(n_tok, n_expert, k, skew):
     assert np.array_equal(expert_of_row[dest], flat)  # ... in its expert's group
     assert int((src >= 0).sum()) == flat.size  # every other row is padding
     assert src.shape[0] <= 2 * flat.size + PAD_FREE_ROWS * covered.size  # groups of <= 32 rows pad freely
+
+
+def test_the_plan_mirrors_the_kernels_constants():
+    """hybrid.plan.placement sizes the MoE buffers with copies of kernels_gpu's constants (it imports no kernels)."""
+    from hybrid.plan import placement
+    from kernels_gpu import matmul, moe
+
+    assert placement.MOE_PAD_FREE_ROWS == moe.PAD_FREE_ROWS
+    assert placement.MATVEC_MAX_TOKENS == matmul.MATVEC_MAX_TOKENS
+    assert placement.GEMM_CHUNK_ELEMENTS == matmul.GEMM_CHUNK_ELEMENTS

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from gguf_io import ModelConfig
 
-from hybrid.plan.placement import (GPU_OVERHEAD_BYTES, Ngl, PlacementPlan, kv_bytes_per_cell, parse_ngl, plan,
+from hybrid.plan.placement import (GEMM_CHUNK_ELEMENTS, GPU_OVERHEAD_BYTES, Ngl, PlacementPlan, kv_bytes_per_cell, parse_ngl, plan,
                                   scratch_bytes)
 from hybrid.system.sizes import MiB
 
@@ -49,11 +49,12 @@ def slot_bytes(tensors: Mapping, max_piece: int = STREAM_PIECE_MAX_BYTES) -> int
 def op_offload_bytes(config: ModelConfig, tensors: Mapping, n_ctx: int, n_ubatch: int, type_k: str = "f16",
                      type_v: str = "f16", flash_attn: bool = True, n_gpu_layers: int = 2) -> int:
     """VRAM op offload needs beyond the plan of -ngl n_gpu_layers: STREAM_SLOTS slots, one layer's KV cache
-    uploaded for attention, the 1-D weights (norms, biases; uploaded once), one MoE expert matrix (uploaded when
-    asked for), and the compute buffers of a layer and the output layer on the GPU where that plan lacks them:
+    uploaded for attention, the 1-D weights (norms, biases; uploaded once), one run of MoE experts (the experts
+    a batch uses are uploaded in runs of as many as one dequantized fp16 chunk holds), and the compute buffers of a layer and the output layer on the GPU where that plan lacks them:
     all of them and the fixed overhead at -ngl 0 (nothing is on the GPU), a layer's at -ngl 1 (the output only)."""
     vectors = sum(t.nbytes for t in tensors.values() if len(t.shape) == 1)
-    expert = max((t.nbytes // t.shape[0] for t in tensors.values() if len(t.shape) == 3 and t.shape[0]), default=0)
+    expert = max((t.nbytes // t.shape[0] * min(t.shape[0], max(1, GEMM_CHUNK_ELEMENTS // (t.shape[1] * t.shape[2])))
+                  for t in tensors.values() if len(t.shape) == 3 and t.shape[0]), default=0)
     need = STREAM_SLOTS * slot_bytes(tensors) + n_ctx * kv_bytes_per_cell(config, type_k, type_v) + vectors + expert
     ngl = max(0, min(2, n_gpu_layers))
     need += (scratch_bytes(config, n_ctx, n_ubatch, flash_attn, 2).total

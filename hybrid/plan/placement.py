@@ -33,6 +33,8 @@ POOL_UNIT = 512
 # As kernels_gpu.matmul: prefill (>= GEMM_MIN_TOKENS tokens) dequantizes a weight in chunks of this many fp16
 # values (rows rounded down to 128) for cuBLAS; the next chunk is made before the last one is dropped.
 GEMM_MIN_TOKENS = 9
+MATVEC_MAX_TOKENS = 8  # as kernels_gpu.matmul: an MoE batch of up to this many tokens takes the decode path
+MOE_PAD_FREE_ROWS = 32  # as kernels_gpu.moe.PAD_FREE_ROWS: prefill pads an expert's group up to this many rows
 GEMM_CHUNK_ELEMENTS = 1 << 26
 # As kernels_gpu.matmul.matmul_many: q/k/v whose n_out x n_in sum is at most this are dequantized into one fp16
 # scratch (one chunk reused) for one GEMM into a (T, sum n_out) product, then copied out per weight.
@@ -194,7 +196,7 @@ def scratch_bytes(config: ModelConfig, n_ctx: int, n_ubatch: int, flash_attn: bo
     blocks.py over kernels_gpu) with A = T x n_embd float32 (the hidden state), the sets are:
       layer, FFN down (the largest): the caller's x, x + attn, attn, normed x (4 A), gate, up and act(gate) * up
       (3 x T x n_ff float32), the output (A), fp16 x (T x n_ff) and two dequantized weight chunks (see
-      _gemm_bytes); attention: x, normed x, q, k, v, the attention output (+ KQ scores without flash attention);
+      _gemm_bytes); MoE: kernels_gpu.moe's buffers (_moe_bytes); attention: x, normed x, q, k, v, the attention output (+ KQ scores without flash attention);
       output layer: x, normed x, the logits (T x n_vocab float32: every row, as perplexity asks) and its GEMM.
     q/k/v and gate/up are each one matmul_many (_matmuls_bytes): one fp16 x, and where they stack one GEMM (x16,
     the product and the scratch, then the product and its copies). A decode step reuses these blocks. Quantized weights assumed (F16/F32 weights stage less).
@@ -219,13 +221,11 @@ def scratch_bytes(config: ModelConfig, n_ctx: int, n_ubatch: int, flash_attn: bo
                    held + qkv + f32(t, c.n_head * c.n_embd_head_v) + _gemm_bytes(t, c.n_head * c.n_embd_head_v,
                                                                                   c.n_embd))
         held = positions + 4 * hidden  # x, x + attn, attn, normed
-        if c.n_expert:  # tokens grouped by expert: at least the average share of the busiest expert
-            te, n_ff, held = -(-t * c.n_expert_used // c.n_expert), c.n_ff_exp, held + hidden + f32(t, c.n_expert)
-            held += f32(te, c.n_embd)  # the expert's rows of x
+        if c.n_expert:
+            ffn = max(held + _moe_bytes(t, c), positions + 6 * hidden)
         else:
-            te, n_ff = t, c.n_ff
-        ffn = max(held + _matmuls_bytes(te, c.n_embd, (n_ff, n_ff)),
-                  held + 3 * f32(te, n_ff) + _gemm_bytes(te, n_ff, c.n_embd), positions + 6 * hidden)
+            ffn = max(held + _matmuls_bytes(t, c.n_embd, (c.n_ff, c.n_ff)),
+                      held + 3 * f32(t, c.n_ff) + _gemm_bytes(t, c.n_ff, c.n_embd), positions + 6 * hidden)
         activations = max(attn, ffn)
     # The slack: blocks the pool cannot give back because a small buffer (the hidden state, its normed copy) sits
     # in a split one. Replaying the allocations through a model of CuPy's pool (tests/test_placement_scratch.py)
@@ -238,10 +238,31 @@ def scratch_bytes(config: ModelConfig, n_ctx: int, n_ubatch: int, flash_attn: bo
         slack = max(_chunk_bytes(n_in, n_out) for n_in, n_out in ((c.n_embd, n_q), (c.n_embd, n_k),
                                                                   (n_q, c.n_embd), (c.n_embd, c.n_ff),
                                                                   (c.n_ff, c.n_embd)))
-        for te_, n_all in ((t, n_q + n_k + n_v), (te, 2 * n_ff)):  # a stacked GEMM's scratch and product
+        stacks = ((t, n_q + n_k + n_v),) + (() if c.n_expert else ((t, 2 * c.n_ff),))  # MoE: experts unstacked
+        for te_, n_all in stacks:  # a stacked GEMM's scratch and product
             if _stacked(te_, c.n_embd, n_all):
                 slack = max(slack, _stack_bytes(c.n_embd, n_all), f32(te_, n_all))
     return ScratchEstimate(activations, logits, slack)
+
+
+def _moe_bytes(t: int, c: ModelConfig) -> int:
+    """Live bytes of kernels_gpu.moe's MoE FFN of t tokens at its worst moment: the router logits, expert ids and
+    weights, then for decode (t <= MATVEC_MAX_TOKENS) the t k slots' gate, up, GLU and down outputs; for prefill,
+    with R = 2 t k + MOE_PAD_FREE_ROWS n_expert padded rows at most and the row maps, the gathered fp16 x, gate
+    and up (float32), one run's dequantized experts and its GEMM's output; the GLU in float32 and fp16; the down
+    output with a run's experts; the weighted sum (T x n_embd)."""
+    k, e, n_ff, n = c.n_expert_used, c.n_expert, c.n_ff_exp, c.n_embd
+    f32 = lambda *dims: _pool_bytes(4 * math.prod(dims))  # noqa: E731
+    f16 = lambda *dims: _pool_bytes(2 * math.prod(dims))  # noqa: E731
+    routing = f32(t, e) + 2 * f32(t, k)
+    if t <= MATVEC_MAX_TOKENS:
+        return routing + 3 * f32(t * k, n_ff) + f32(t * k, n) + f32(t, n)
+    rows = 2 * t * k + MOE_PAD_FREE_ROWS * e
+    run = f16(min(e, max(1, GEMM_CHUNK_ELEMENTS // (n_ff * n))) * n_ff * n)  # one run of experts in fp16
+    gate_up = f16(rows, n) + 2 * f32(rows, n_ff) + run
+    glu = 3 * f32(rows, n_ff) + f16(rows, n_ff)
+    down = f16(rows, n_ff) + f32(rows, n) + run
+    return routing + _pool_bytes(4 * (rows + t * k)) + max(gate_up, glu, down) + f32(t, n)
 
 
 def _pool_bytes(n: int) -> int:
