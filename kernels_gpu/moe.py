@@ -209,25 +209,34 @@ def _groups(ids_host: np.ndarray, max_run: int) -> tuple[list[tuple[int, int, in
     return runs, src, dest
 
 
-def _batched_gemm(w16, x16, y, n_batch: int, m: int, n_out: int, n_in: int) -> None:
-    """y[b] (m, n_out) f32 = x16[b] (m, n_in) @ w16[b].T (n_out, n_in), fp16 in, fp32 accumulate, for b < n_batch."""
-    import cupy  # noqa: PLC0415
-    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+class _BatchedGemm:
+    """Strided-batched fp16 GEMMs on cuBLAS with fp32 accumulation and output, the handle set up once for a whole
+    projection's runs (per call, only the GEMM itself: a prefill of skewed routing has dozens of runs a layer)."""
 
-    r16, r32 = cupy.cuda.runtime.CUDA_R_16F, cupy.cuda.runtime.CUDA_R_32F
-    handle = cupy.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
-    mode = cublas.getPointerMode(handle)
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
-    one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
-    try:
-        cublas.gemmStridedBatchedEx(handle, cublas.CUBLAS_OP_T, cublas.CUBLAS_OP_N, n_out, m, n_in,
-                                    one.ctypes.data, w16.data.ptr, r16, n_in, n_out * n_in,
-                                    x16.data.ptr, r16, n_in, m * n_in,
-                                    zero.ctypes.data, y.data.ptr, r32, n_out, m * n_out,
-                                    n_batch, cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
-    finally:
-        cublas.setPointerMode(handle, mode)
+    def __enter__(self):
+        import cupy  # noqa: PLC0415
+        from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+        self._cublas = cublas
+        self._handle = cupy.cuda.device.get_cublas_handle()
+        cublas.setStream(self._handle, cupy.cuda.get_current_stream().ptr)
+        self._mode = cublas.getPointerMode(self._handle)
+        cublas.setPointerMode(self._handle, cublas.CUBLAS_POINTER_MODE_HOST)
+        self._one, self._zero = np.ones(1, np.float32), np.zeros(1, np.float32)
+        self._r16, self._r32 = cupy.cuda.runtime.CUDA_R_16F, cupy.cuda.runtime.CUDA_R_32F
+        return self
+
+    def __call__(self, w16, x16, y, n_batch: int, m: int, n_out: int, n_in: int) -> None:
+        """y[b] (m, n_out) = x16[b] (m, n_in) @ w16[b].T (n_out, n_in) for b < n_batch (device pointers' arrays)."""
+        cb = self._cublas
+        cb.gemmStridedBatchedEx(self._handle, cb.CUBLAS_OP_T, cb.CUBLAS_OP_N, n_out, m, n_in,
+                                self._one.ctypes.data, w16.data.ptr, self._r16, n_in, n_out * n_in,
+                                x16.data.ptr, self._r16, n_in, m * n_in,
+                                self._zero.ctypes.data, y.data.ptr, self._r32, n_out, m * n_out,
+                                n_batch, cb.CUBLAS_COMPUTE_32F, cb.CUBLAS_GEMM_DEFAULT)
+
+    def __exit__(self, *exc) -> None:
+        self._cublas.setPointerMode(self._handle, self._mode)
 
 
 def _gather_f16(x, src):
@@ -245,11 +254,17 @@ def _gather_f16(x, src):
 def resident_experts(raw, type_name: str):
     """The dequantizer of experts on the device: f(e0, e1, out fp16 ((e1 - e0) n_out, n_in)) writes experts
     [e0, e1)."""
-    n_expert, n_out, _, _ = _expert_dims(raw, type_name)
-    flat = raw.reshape(n_expert * n_out, raw.shape[2])
+    n_expert, n_out, n_in, expert_bytes = _expert_dims(raw, type_name)
+    k = gpu_kernel(type_name)
+    fn = get_kernel(k.module, f"dequant_f16_{k.suffix}")  # dequantize()'s kernel, its checks made once here
+    n_blocks, base, no_rows = n_in // k.block_size, raw.data.ptr, np.uint64(0)
 
     def dequant(e0: int, e1: int, out) -> None:
-        dequantize(flat[e0 * n_out:e1 * n_out], type_name, dtype=np.float16, out=out)
+        n_rows = (e1 - e0) * n_out
+        assert out.shape == (n_rows, n_in) and out.dtype == np.float16 and out.flags.c_contiguous
+        total = n_rows * n_blocks * k.parts
+        fn(((total + 255) // 256,), (256,), (np.uint64(base + e0 * expert_bytes), no_rows, out, np.int32(n_rows),
+                                             np.int32(n_blocks)))
 
     return dequant
 
@@ -267,10 +282,11 @@ def _grouped(x16, runs: list, n_rows: int, shape: tuple[int, int], dequant) -> o
     n_out, n_in = shape
     y = cupy.empty((n_rows, n_out), dtype=cupy.float32)
     scratch = cupy.empty((max(e1 - e0 for e0, e1, _, _ in runs) * n_out, n_in), dtype=cupy.float16)
-    for e0, e1, m, row in runs:
-        w16 = scratch[:(e1 - e0) * n_out]
-        dequant(e0, e1, w16)
-        _batched_gemm(w16, x16[row:], y[row:], e1 - e0, m, n_out, n_in)
+    with _BatchedGemm() as gemm:
+        for e0, e1, m, row in runs:
+            w16 = scratch[:(e1 - e0) * n_out]
+            dequant(e0, e1, w16)
+            gemm(w16, x16[row:], y[row:], e1 - e0, m, n_out, n_in)
     return y
 
 

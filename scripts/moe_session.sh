@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # MoE on the GPU machine, in one device call: `hybrid bench` against llama.cpp's `llama-bench` (built here from
 # .llamacpp, see ../shared/device/llamacpp.sh prepare) on a synthetic Qwen3-30B-A3B-shaped Q4_K_M model, alternating
-# ROUNDS times per placement, plus the MoE GPU tests and a decode profile of the model; a table last.
+# ROUNDS times per placement, plus the GPU tests, a decode and an MoE prefill profile of the model; a table last.
 #
 #   bash scripts/moe_session.sh [PLACEMENTS]    PLACEMENTS: comma list of gpu,cpu (default: gpu,cpu)
 #   env: OUT (logs, default /tmp/moe_session), MODEL (default /tmp/qwen3moe-30b.gguf, made if missing),
-#        ROUNDS (default 2), REPS (llama-bench/hybrid bench -r, default 2), THREADS (default 16), TESTS (1: run them)
+#        ROUNDS (default 2), REPS (llama-bench/hybrid bench -r, default 2), THREADS (default 16),
+#        TESTS (1: the MoE GPU tests, default; all: every GPU test; 0: none)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/moe_session}
@@ -33,17 +34,22 @@ if [[ ! -f $MODEL ]]; then
   python3 scripts/make_model.py "$MODEL" --arch qwen3moe --preset qwen3moe-30b > "$OUT/make_model.log" 2>&1 &
   MK_PID=$!
 fi
-if [[ ${TESTS:-1} == 1 ]]; then
-  stamp "MoE GPU tests"
-  timeout -k 5 240 python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider tests/test_gpu_moe.py \
-    tests/test_moe_groups.py > "$OUT/tests.log" 2>&1
-  stamp "tests rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head; tail -n 1 "$OUT/tests.log"
+if [[ ${TESTS:-1} != 0 ]]; then  # 1: the MoE tests; all: every GPU test (pytest -m gpu), while llama.cpp builds
+  XDIST=; python3 -c 'import xdist' 2>/dev/null && XDIST="-n 6"
+  if [[ ${TESTS:-1} == all ]]; then what=(-m gpu tests); limit=330; else
+    what=(tests/test_gpu_moe.py tests/test_moe_groups.py); limit=240; fi
+  stamp "GPU tests: ${what[*]}"
+  NUMBA_NUM_THREADS=4 timeout -k 5 $limit python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider $XDIST \
+    "${what[@]}" > "$OUT/tests.log" 2>&1
+  stamp "tests rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20; tail -n 1 "$OUT/tests.log"
 fi
 [[ -n $MK_PID ]] && wait "$MK_PID"
 stamp "model: $(tail -n 1 "$OUT/make_model.log" 2>/dev/null) $(ls -la "$MODEL" | awk '{print $5}') bytes"
 stamp "decode profile"
 timeout -k 5 150 python3 scripts/decode_profile.py "$MODEL" --depth 64 --json "$OUT/profile.json" > "$OUT/profile.out" 2>&1
-stamp "profile rc=$?"; grep -iE "moe|tg_tps|graph_tps|bandwidth_limit_tps|graph_report" "$OUT/profile.out" | head -20
+stamp "profile rc=$?"; grep -iE "moe|tg_tps|graph_tps|graph_gpu|bandwidth_limit_tps|graph_report" "$OUT/profile.out" | head -20
+timeout -k 5 120 python3 scripts/moe_prefill_profile.py "$MODEL" -n 512 --real --layer 20 > "$OUT/prefill_profile.out" 2>&1
+stamp "prefill profile rc=$?"; cat "$OUT/prefill_profile.out" | tail -n 12
 LBENCH=
 if [[ -n $LB_PID ]]; then
   wait "$LB_PID"

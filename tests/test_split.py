@@ -76,6 +76,8 @@ class RouteLog:
 
         for cls in (CpuBackend, GpuBackend, OffloadBackend):
             monkeypatch.setattr(cls, "fused_moe", lambda *args: None)
+        ffn = CpuBackend.fused_ffn  # the CPU's fused FFN of a layer covers an MoE FFN too: not here
+        monkeypatch.setattr(CpuBackend, "fused_ffn", lambda be, spec, *args: None if spec.moe else ffn(be, spec, *args))
         self.calls: list[tuple[np.ndarray, np.ndarray]] = []
         orig = blocks.route
 
