@@ -131,22 +131,32 @@ def gemm(w, family, kind, xp, n_tok, y, n_threads):
         c = np.empty(ROWS_PER_TASK * GEMM_NR, dtype=np.float32)
         for task in range(worker, n_tasks, n_workers):
             r0 = task * ROWS_PER_TASK
-            nr = min(ROWS_PER_TASK, n_out - r0)
-            n_tiles = (nr + GEMM_MR - 1) // GEMM_MR
-            for i in range(nr):
-                decode_row(family, kind, wf, (r0 + i) * row_bytes, n_in, wd, i * n_in)
-            wd[nr * n_in:] = 0.0
-            for p in range(n_panels):
-                c[:] = 0.0
-                for k0 in range(0, n_in, K_CHUNK):
-                    kl = min(K_CHUNK, n_in - k0)
-                    for tile in range(n_tiles):
-                        gemm_tile(wd, tile * GEMM_MR * n_in + k0, n_in, xpf, p * n_in * GEMM_NR + k0 * GEMM_NR,
-                                  kl, c[tile * GEMM_MR * GEMM_NR:])
-                t0 = p * GEMM_NR
-                for i in range(nr):
-                    for j in range(min(GEMM_NR, n_tok - t0)):
-                        y[t0 + j, r0 + i] = c[i * GEMM_NR + j]
+            gemm_rows(family, kind, wf, row_bytes, n_in, r0, min(ROWS_PER_TASK, n_out - r0), xpf, 0, n_panels, n_tok,
+                      y, wd, c)
+
+
+@njit(inline="always")
+def gemm_rows(family, kind, wf, row_bytes, n_in, r0, nr, xpf, p0, n_panels, n_tok, y, wd, c):
+    """One task of `gemm`: y[t, r0 + i] = row r0 + i of the flat weight bytes wf . x[t] for i < nr (<= ROWS_PER_TASK),
+    t < n_tok, x the n_panels packed panels of xpf from panel p0; wd float32 (ROWS_PER_TASK * n_in) and c float32
+    (ROWS_PER_TASK * GEMM_NR) are scratch. A (row, token)'s sum does not depend on the task, panel or other tokens:
+    callers that split the rows or group the tokens otherwise (kernels_cpu.moe) get the same bits."""
+    n_tiles = (nr + GEMM_MR - 1) // GEMM_MR
+    for i in range(nr):
+        decode_row(family, kind, wf, (r0 + i) * row_bytes, n_in, wd, i * n_in)
+    wd[nr * n_in:] = 0.0
+    for p in range(n_panels):
+        c[:] = 0.0
+        po = (p0 + p) * n_in * GEMM_NR
+        for k0 in range(0, n_in, K_CHUNK):
+            kl = min(K_CHUNK, n_in - k0)
+            for tile in range(n_tiles):
+                gemm_tile(wd, tile * GEMM_MR * n_in + k0, n_in, xpf, po + k0 * GEMM_NR, kl,
+                          c[tile * GEMM_MR * GEMM_NR:])
+        t0 = p * GEMM_NR
+        for i in range(nr):
+            for j in range(min(GEMM_NR, n_tok - t0)):
+                y[t0 + j, r0 + i] = c[i * GEMM_NR + j]
 
 
 @njit(cache=True, parallel=True, fastmath=True)

@@ -9,6 +9,7 @@ from kernels_cpu import activations, attention, kv_cache, norm, rope
 from kernels_cpu.matmul import matmul, matmuls
 
 from hybrid.backends.cpu_fused import FusedLayers, fusable
+from hybrid.backends.cpu_moe import FusedMoE
 from hybrid.model.weights import Weight
 
 
@@ -19,6 +20,7 @@ class CpuBackend:
         # fused: run a decode layer in two compiled calls (cpu_fused); False: every op a call of its own
         self.fused = fused
         self._fused = FusedLayers()
+        self._moe = FusedMoE()
         # cos/sin tables of the batch being evaluated, per (n_rot, base, scale): every layer rotates q and k at
         # the same positions, so they are computed once per eval step, not twice a layer; a new batch of
         # positions replaces them
@@ -34,14 +36,19 @@ class CpuBackend:
 
     def fused_ffn(self, spec, cfg, lw: dict[str, Weight], x: np.ndarray, a: np.ndarray):
         """The rest of blocks.layer_forward after the attention part a (x + a, the FFN and the residual) in one
-        compiled call, bit for bit, where the layer allows it (cpu_fused.ffn_fusable); else None."""
+        compiled call, bit for bit, where the layer allows it (cpu_fused.ffn_fusable; MoE: cpu_moe); else None."""
         if not self.fused:
             return None
+        if spec.moe:
+            return self._moe.ffn_half(spec, cfg, lw, x, a)
         return self._fused.ffn(spec, cfg, lw, x, a)
 
     def fused_moe(self, spec, cfg, lw: dict[str, Weight], h: np.ndarray):
-        """No fused MoE FFN yet: blocks.moe_ffn runs the op-by-op reference."""
-        return None
+        """blocks.moe_ffn in compiled code (cpu_moe, kernels_cpu.moe): the routing, the selected experts and their
+        weighted sum, where the layer's experts have integer-dot types (cpu_moe.moe_fusable); else None."""
+        if not self.fused:
+            return None
+        return self._moe(spec, cfg, lw, h)
 
     def _tables(self, positions: np.ndarray, n_rot: int, base: float, scale: float) -> rope.RopeTables:
         """cos/sin of positions (int32), computed once per batch of positions and rope parameters."""

@@ -71,15 +71,18 @@ def ffn(be, spec: ArchSpec, lw: dict[str, Weight], h: np.ndarray) -> np.ndarray:
 
 
 def route(router_logits: np.ndarray, n_used: int, normalize: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Softmax router -> (expert ids (n, k), weights (n, k)); weights renormalized to sum 1 when asked
-    (llama.cpp clamps the sum at 6.1e-5)."""
-    z = router_logits - router_logits.max(axis=1, keepdims=True)
-    p = np.exp(z)
-    p /= p.sum(axis=1, keepdims=True)
+    """Softmax router -> (expert ids (n, k), weights (n, k) f32); weights renormalized to sum 1 when asked
+    (llama.cpp clamps the sum at 6.1e-5). The softmax and the sum are taken in float64 (exp of the float32
+    differences, left-to-right sums, one rounding to float32), as ggml sums in double: a compiled routing
+    (kernels_cpu.moe_route) reproduces them bit for bit, which numpy's own float32 exp would not allow."""
+    z = (router_logits - router_logits.max(axis=1, keepdims=True)).astype(np.float64)
+    e = np.exp(z)
+    p = (e / np.cumsum(e, axis=1)[:, -1:]).astype(np.float32)
     ids = np.argsort(-p, axis=1, kind="stable")[:, :n_used]
     w = np.take_along_axis(p, ids, axis=1)
     if normalize:
-        w = w / np.maximum(w.sum(axis=1, keepdims=True), 6.103515625e-5)
+        total = np.cumsum(w, axis=1, dtype=np.float64)[:, -1:].astype(np.float32)
+        w = w / np.maximum(total, np.float32(6.103515625e-5))
     return ids, w.astype(np.float32)
 
 

@@ -1,0 +1,112 @@
+"""CpuBackend's fused MoE FFN: kernels_cpu.moe.moe_ffn with each MoE layer's expert weights, type codes and router
+gathered once (`FusedMoE`), and which layers and batches it covers (`moe_fusable`)."""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from kernels_cpu import moe, vec_dot_legacy
+from kernels_cpu.activations import GELU_F16_TABLE
+from kernels_cpu.fused_layer import FAM_LEGACY
+from kernels_cpu.matmul import GEMM_MIN_TOKENS, _kernel, matmul
+
+from hybrid.backends.cpu_fused import _FAMILY, _GLU_OP, _vec
+from hybrid.model.arch.spec import ArchSpec
+
+_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+_WITH_MIN = (vec_dot_legacy.Q4_1, vec_dot_legacy.Q5_1)  # legacy kinds whose GEMM adds a numpy min term
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A plain read-only ndarray view, no copy (one array type: one compiled moe_ffn)."""
+    v = np.asarray(a).view(np.ndarray)
+    v.flags.writeable = False
+    return v
+
+
+def _experts(w) -> tuple[np.ndarray, int, int]:
+    """(raw uint8 (n_expert, n_out, row_bytes) read-only, kind code, family) of a 3-D expert tensor."""
+    kernel = _kernel(w.type_name)
+    n_expert, n_out, row_bytes = w.raw.shape
+    if row_bytes % kernel.type_size or n_out % kernel.row_group or not w.raw.flags.c_contiguous:
+        raise ValueError(f"{w.name}: expected C-contiguous whole {w.type_name} blocks in groups of "
+                         f"{kernel.row_group} rows, found raw {w.raw.shape}")
+    fam, kind = _FAMILY[w.type_name]
+    return _read_only(w.raw), kind, fam
+
+
+def _empty_experts() -> tuple[np.ndarray, int, int]:
+    """An expert weight of family 0: moe_ffn's absent second matrix of the down projection."""
+    return _read_only(np.empty((0, 1, 1), dtype=np.uint8)), 0, 0
+
+
+_EMPTY = _empty_experts()
+_NO_LOGITS = np.empty((0, 0), dtype=np.float32)  # moe_ffn multiplies the router itself
+_NO_ROUTER = _read_only(np.empty((0, 0), dtype=np.float32))  # logits given: the router is not read
+
+
+def moe_fusable(spec: ArchSpec, lw) -> bool:
+    """Whether a layer's MoE FFN has a fused form: a GLU of CpuBackend's, and host expert tensors of the
+    integer-dot types (float experts, F16/BF16/F32, go op by op)."""
+    if not spec.moe or spec.ffn_act not in _GLU_OP:
+        return False
+    ws = [lw[n] for n in _EXPERTS]
+    return all(w.type_name in _FAMILY and isinstance(w.raw, np.ndarray) and w.raw.ndim == 3 for w in ws)
+
+
+class _MoeLayer:
+    """One MoE layer's fixed arguments of moe_ffn and moe_ffn_half."""
+
+    def __init__(self, cfg, lw) -> None:
+        self.gate, self.up, self.down = (_experts(lw[n]) for n in _EXPERTS)
+        self.router = lw["ffn_gate_inp"]
+        f32 = self.router.type_name == "F32" and self.router.raw.ndim == 2
+        # an F32 router is multiplied inside moe_ffn for few tokens; any other goes through kernels_cpu.matmul
+        self.router_f32 = _read_only(self.router.raw.view(np.float32)) if f32 else None
+        self.ffn_norm = _vec(lw, "ffn_norm", cfg.n_embd)
+        self.eps = np.float32(cfg.f_norm_rms_eps)
+        # Q4_1/Q5_1 experts: a group of GEMM_MIN_TOKENS tokens would need the GEMM's numpy min term
+        self.batch_ok = not any(fam == FAM_LEGACY and kind in _WITH_MIN
+                                for _, kind, fam in (self.gate, self.up, self.down))
+
+
+class FusedMoE:
+    """Runs the MoE FFNs of a CpuBackend's layers (see `moe_fusable`)."""
+
+    def __init__(self) -> None:
+        self._layers: dict[int, tuple[object, _MoeLayer | None]] = {}  # id(lw) -> (lw, its arguments or None)
+
+    def _layer(self, spec: ArchSpec, cfg, lw) -> _MoeLayer | None:
+        hit = self._layers.get(id(lw))
+        if hit is None or hit[0] is not lw:
+            hit = self._layers[id(lw)] = (lw, _MoeLayer(cfg, lw) if moe_fusable(spec, lw) else None)
+        return hit[1]
+
+    def __call__(self, spec: ArchSpec, cfg, lw, h: np.ndarray) -> np.ndarray | None:
+        """blocks.moe_ffn of the normed h (n_tok, n_embd) f32 -> (n_tok, n_embd) f32, or None where the layer or
+        the batch has no fused form."""
+        L = self._layer(spec, cfg, lw)
+        n_tok = h.shape[0]
+        if L is None or n_tok == 0 or (n_tok >= GEMM_MIN_TOKENS and not L.batch_ok):
+            return None
+        h = np.ascontiguousarray(h, dtype=np.float32)
+        if n_tok < GEMM_MIN_TOKENS and L.router_f32 is not None:
+            logits, router = _NO_LOGITS, L.router_f32  # the router's product inside moe_ffn
+        else:
+            logits = matmul(L.router.raw, L.router.type_name, h)  # (n_tok, n_expert)
+            router = _NO_ROUTER
+        return moe.moe_ffn(numba.get_num_threads(), h, logits, router, cfg.n_expert_used, spec.moe_norm_weights,
+                           L.gate, L.up, L.down, _EMPTY, _GLU_OP[spec.ffn_act], GELU_F16_TABLE)
+
+    def ffn_half(self, spec: ArchSpec, cfg, lw, x: np.ndarray, a: np.ndarray) -> np.ndarray | None:
+        """The rest of blocks.layer_forward after the attention part a (x + a, its norm, the MoE FFN, the residual)
+        in one compiled call for a batch of few tokens and an F32 router; else None (blocks.layer_forward then
+        runs it, and the MoE FFN through __call__)."""
+        L = self._layer(spec, cfg, lw)
+        if L is None or L.router_f32 is None or not 0 < x.shape[0] < GEMM_MIN_TOKENS:
+            return None
+        return moe.moe_ffn_half(numba.get_num_threads(), np.ascontiguousarray(x, dtype=np.float32),
+                                np.ascontiguousarray(a, dtype=np.float32), L.eps, L.ffn_norm, L.router_f32,
+                                cfg.n_expert_used, spec.moe_norm_weights, L.gate, L.up, L.down, _EMPTY,
+                                _GLU_OP[spec.ffn_act], GELU_F16_TABLE)
