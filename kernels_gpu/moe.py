@@ -162,14 +162,24 @@ def _glu_q8(g, u, act: str) -> tuple:
     return xq, xm
 
 
+def _bucket(m: int) -> int:
+    """A run's padded group size: m rounded up to a multiple of 8 up to 32, then to a quarter of its power of two
+    (at most +25%), so that the batched GEMMs of random batches take few shapes (cuBLAS chooses an algorithm per new
+    shape, ~30 us a time: thousands of shapes a prefill batch otherwise)."""
+    if m <= 32:
+        return -(-m // 8) * 8
+    step = 1 << (m.bit_length() - 3)  # 33..64 -> 8, 65..128 -> 16, ...
+    return -(-m // step) * step
+
+
 def _groups(ids_host: np.ndarray, max_run: int) -> tuple[list[tuple[int, int, int, int]], np.ndarray, np.ndarray]:
     """The (token, slot) pairs of ids (n_tok, k) grouped by expert for batched GEMMs: (runs, src, dest).
 
     A run is up to max_run consecutive experts that starts and ends with an expert that has tokens; its groups
-    are padded to its largest size m (unused experts inside it are groups of padding only: dequantizing one costs
-    less than the launches of another run), and it ends before an expert that would make the padded rows more
-    than twice the real ones with m above PAD_FREE_ROWS (small groups pad for free: a GEMM of so few rows costs
-    its weight reads). Its experts' weights are one contiguous slice. runs: (first expert, end expert, m, first row) each; src (rows,): the token
+    are padded to its largest size m, rounded up by _bucket (unused experts inside it are groups of padding only:
+    dequantizing one costs less than the launches of another run), and it ends before an expert that would make
+    the padded rows more than twice the real ones with m above PAD_FREE_ROWS (small groups pad for free: a GEMM
+    of so few rows costs its weight reads). Its experts' weights are one contiguous slice. runs: (first expert, end expert, m, first row) each; src (rows,): the token
     of each row, -1 for padding; dest (n_tok k,): each pair's row."""
     flat = ids_host.reshape(-1)
     k = ids_host.shape[1]
@@ -193,6 +203,7 @@ def _groups(ids_host: np.ndarray, max_run: int) -> tuple[list[tuple[int, int, in
             if c:
                 last = e1
         e1 = last
+        hi = _bucket(hi)
         first_row[e:e1] = np.arange(row, row + hi * (e1 - e), hi)
         runs.append((e, e1, hi, row))
         row += hi * (e1 - e)

@@ -248,7 +248,7 @@ def scratch_bytes(config: ModelConfig, n_ctx: int, n_ubatch: int, flash_attn: bo
 def _moe_bytes(t: int, c: ModelConfig) -> int:
     """Live bytes of kernels_gpu.moe's MoE FFN of t tokens at its worst moment: the router logits, expert ids and
     weights, then for decode (t <= MATVEC_MAX_TOKENS) the t k slots' gate, up, GLU and down outputs; for prefill,
-    with R = 2 t k + MOE_PAD_FREE_ROWS n_expert padded rows at most and the row maps, the gathered fp16 x, gate
+    with R = 2.5 t k + MOE_PAD_FREE_ROWS n_expert padded rows at most and the row maps, the gathered fp16 x, gate
     and up (float32), one run's dequantized experts and its GEMM's output; the GLU in float32 and fp16; the down
     output with a run's experts; the weighted sum (T x n_embd)."""
     k, e, n_ff, n = c.n_expert_used, c.n_expert, c.n_ff_exp, c.n_embd
@@ -257,7 +257,7 @@ def _moe_bytes(t: int, c: ModelConfig) -> int:
     routing = f32(t, e) + 2 * f32(t, k)
     if t <= MATVEC_MAX_TOKENS:
         return routing + 3 * f32(t * k, n_ff) + f32(t * k, n) + f32(t, n)
-    rows = 2 * t * k + MOE_PAD_FREE_ROWS * e
+    rows = 5 * t * k // 2 + MOE_PAD_FREE_ROWS * e  # padding <= 2x, then rounded up by <= 25% (moe._bucket)
     run = f16(min(e, max(1, GEMM_CHUNK_ELEMENTS // (n_ff * n))) * n_ff * n)  # one run of experts in fp16
     gate_up = f16(rows, n) + 2 * f32(rows, n_ff) + run
     glu = 3 * f32(rows, n_ff) + f16(rows, n_ff)
