@@ -15,8 +15,8 @@ import pytest
 from hybrid.system.devices import physical_core_cpus
 from hybrid.errors import HybridError
 from hybrid.system.numa import thread_cpus
-from hybrid.system.threads import (allowed_cpus, cpu_order, default_threads, kernel_cache_stale, mark_kernels_compiled,
-                            parse_cpu_mask, parse_cpu_range, select_cpus)
+from hybrid.system.threads import (allowed_cpus, cpu_order, default_threads, parse_cpu_mask, parse_cpu_range,
+                                  select_cpus)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,22 +98,3 @@ def test_cpu_range_single_cpu_gives_one_thread():
     r = pinned(0, f"{cpu}-{cpu}")
     assert r["n"] == 1 and r["cpus"] == [cpu] and r["tids"] == [r["main"]]
     assert r["tasks"][str(r["main"])] == [cpu]
-
-
-def test_compile_check_follows_marker_and_numba_cache(tmp_path, monkeypatch):
-    pkg = tmp_path / "pkgs" / "hybrid_tmp_kernels"
-    pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text("")
-    src = "from numba import njit\n\n@njit(cache=True)\ndef twice(x):\n    return 2 * x\n"
-    (pkg / "k.py").write_text(src)
-    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
-    marks = tmp_path / "marks"
-    assert kernel_cache_stale(marks, "hybrid_tmp_kernels")  # nothing compiled, no marker
-    mark_kernels_compiled(marks, "hybrid_tmp_kernels")
-    assert kernel_cache_stale(marks, "hybrid_tmp_kernels")  # marker, but Numba's cache is empty (wiped)
-    from hybrid_tmp_kernels.k import twice
-
-    assert twice(2) == 4  # compiles and writes k.twice-*.nbi
-    assert not kernel_cache_stale(marks, "hybrid_tmp_kernels")
-    (pkg / "k.py").write_text(src + "\n# changed\n")
-    assert kernel_cache_stale(marks, "hybrid_tmp_kernels")  # sources changed: compiles again

@@ -60,13 +60,20 @@ def repack_weights(weights: ModelWeights, layers: Iterable[int], output: bool) -
                         tuple(sorted({d[0] for d in done})))
 
 
-def _repacked(w: Weight) -> Weight | None:
+def repacked_type(w: Weight) -> str | None:
+    """The layout `repack_weights` gives w (a name in kernels_cpu.matmul.REPACKED), or None where it keeps w."""
     layout = LAYOUTS.get(w.type_name)
     if layout is None or not isinstance(w.raw, np.ndarray) or w.raw.ndim not in (2, 3):
         return None
-    name, repackable, repack = layout
-    if not repackable(w.shape[-2:]):
+    name, repackable, _ = layout
+    return name if repackable(w.shape[-2:]) else None
+
+
+def _repacked(w: Weight) -> Weight | None:
+    name = repacked_type(w)
+    if name is None:
         return None
+    repack = LAYOUTS[w.type_name][2]
     if w.raw.ndim == 2:
         return Weight(w.name, name, w.shape, repack(w.raw))
     first = repack(w.raw[0])  # MoE experts (n_expert, out, in): each expert's matrix on its own

@@ -15,6 +15,7 @@ import numpy as np
 from gguf_io import GGUFFile, ModelConfig, open_gguf
 
 from hybrid.backends.cpu import CpuBackend
+from hybrid.backends.cpu_kernels import cpu_kernel_keys
 from hybrid.backends.op_offload import make_op_offload
 from hybrid.backends.repack import repack_weights
 from hybrid.engine.params import EngineParams
@@ -50,9 +51,12 @@ class Engine:
     op_offload: object = None  # backends.op_offload.OpOffload when big batches of CPU layers run on the GPU
 
     @classmethod
-    def load(cls, path: str | Path, params: EngineParams = EngineParams(), progress: Progress = None) -> "Engine":
+    def load(cls, path: str | Path, params: EngineParams = EngineParams(), progress: Progress = None,
+             on_placed: Callable[["Engine"], None] | None = None) -> "Engine":
         """Open the GGUF, place -ngl layers on the GPU (KV cache first, then the output layer, then layers from the
-        last one backwards), set up op offload, repack the CPU layers, then --numa/--mlock their pages."""
+        last one backwards), set up op offload, repack the CPU layers, then --numa/--mlock their pages.
+        on_placed(engine) runs once every layer has its backend, before the repack (a first run compiles the CPU's
+        kernels there, the repack's among them: `cpu_kernels`)."""
         engine = cls.open(path, params, progress)
         p = engine.params
         try:
@@ -72,7 +76,9 @@ class Engine:
                 engine.op_offload = make_op_offload(engine.backends, engine.output_backend, engine.config,
                                                     engine.gguf.tensors, p.n_ctx, p.n_ubatch, p.type_k, p.type_v,
                                                     p.flash_attn, p.vram_budget, progress)
-            if p.repack and engine.op_offload is None:  # op offload streams the CPU layers' blocks as they are
+            if on_placed is not None:
+                on_placed(engine)
+            if engine.repacks:
                 engine._repack(progress)
         except BaseException:
             engine.gguf.close()
@@ -117,6 +123,20 @@ class Engine:
             self.weights.output = upload(self.weights.output)
             self.weights.output_norm = upload(self.weights.output_norm)
             self.output_backend = gpu
+
+    @property
+    def repacks(self) -> bool:
+        """Whether loading repacks the CPU layers (op offload streams their blocks to the GPU as they are)."""
+        return self.params.repack and self.op_offload is None
+
+    def cpu_kernels(self) -> tuple[str, ...]:
+        """The compiled kernels a warm-up calls on the CPU (keys of kernels_cpu.signatures), the repack's included
+        when it is still to come: see hybrid/backends/cpu_kernels.py."""
+        layers = [self.weights.layers[il] for il, be in enumerate(self.backends) if isinstance(be, CpuBackend)]
+        on_cpu = isinstance(self.output_backend, CpuBackend)
+        w = self.weights
+        return cpu_kernel_keys(self.spec, layers, w.output if on_cpu else None, self.repacks,
+                               output_tied=w.output is w.token_embd)
 
     def _repack(self, progress: Progress) -> None:
         """The CPU layers' matrices into the 8-row interleaved layouts (backends/repack.py)."""

@@ -1,6 +1,7 @@
 """Starting an engine the way every front end does (the CLI today, the server next): -ngl resolved against the
-GPUs there are (`auto` measured as `hybrid probe` does), worker threads pinned one per physical core, the
-kernels compiled once on a first run, then `Engine.load`. Progress lines go to a callback; nothing is printed."""
+GPUs there are (`auto` measured as `hybrid probe` does), `Engine.load`, and within it, once the layers are placed,
+the kernels the CPU's share calls compiled ahead on a first run (in parallel) and the worker threads pinned one
+per physical core. Progress goes to callbacks; nothing is printed."""
 
 from __future__ import annotations
 
@@ -10,11 +11,14 @@ from dataclasses import replace
 from pathlib import Path
 
 from gguf_io import ModelConfig, open_gguf
+from kernels_cpu.signatures import closure
 
 from hybrid.engine.engine import Engine
 from hybrid.engine.params import EngineParams
 from hybrid.system.devices import probe_gpus
-from hybrid.system.threads import kernel_cache_stale, mark_kernels_compiled, setup_threads
+from hybrid.system.compile import (CompilePool, CompileStatus, compile_kernels, kernel_cache_stale,
+                                   load_cpu_target, mark_kernels_compiled, uncached)
+from hybrid.system.threads import PIN_KERNEL, physical_cores, setup_threads
 
 Progress = Callable[[str], None]
 
@@ -46,18 +50,50 @@ def resolve_gpu_layers(path: Path, params: EngineParams, progress: Progress) -> 
     return replace(params, n_gpu_layers=chosen)
 
 
-def launch(path: Path, params: EngineParams, marker_dir: Path, progress: Progress) -> tuple[Engine, float]:
-    """The engine and its load time in ms. Numba's workers are pinned one per physical core (params.cpus
-    narrows the CPUs, params.numa orders them); when the kernels' compile cache (marked in marker_dir) is stale,
-    one line says so and the kernels are compiled here (counted in the load time), right after the message."""
+def launch(path: Path, params: EngineParams, marker_dir: Path, progress: Progress,
+           on_compile: Callable[[CompileStatus], None] | None = None) -> tuple[Engine, float]:
+    """The engine and its load time in ms. When kernels this model calls on the CPU are not in the compile cache
+    (or the cache is stale: marked in marker_dir), one line says so once the model opened (a bad file gets its
+    one-line error alone), they are compiled over the cores, and the engine is warmed up, all counted in the load
+    time; on_compile hears how far the compile got. On a first run (no marker) the compiling processes start
+    before the model opens. Then Numba's workers are pinned one per physical core (params.cpus narrows the CPUs,
+    params.numa orders them), before the CPU layers are repacked."""
     params = resolve_gpu_layers(path, params, progress)
-    threads = setup_threads(params.n_threads, params.cpus, params.numa)
-    compile_first = kernel_cache_stale(marker_dir)
-    verbose = params.n_gpu_layers != 0 or params.use_mlock or bool(params.numa)
     t0 = time.perf_counter()
-    engine = Engine.load(path, replace(params, n_threads=threads.n_threads), progress=progress if verbose else None)
-    if compile_first:  # said once the model opened, so a bad file gets its one-line error alone
-        progress("compiling kernels (first run only) …")
-        engine.warmup()
+    stale = kernel_cache_stale(marker_dir)
+    verbose = params.n_gpu_layers != 0 or params.use_mlock or bool(params.numa)
+    n = compile_workers(params.cpus)
+    pool = CompilePool(n, params.cpus) if stale and n > 1 else None  # its workers import while the model opens
+    if pool is not None:
+        load_cpu_target()
+    compiled: list[bool] = []
+
+    def placed(engine: Engine) -> None:  # every layer has its backend; the repack comes next
+        todo = uncached([PIN_KERNEL, *closure(engine.cpu_kernels())])
+        if todo or stale:
+            progress(f"compiling kernels (first run only): {len(todo)} for this model, {n} at a time …" if todo
+                     else "compiling kernels (first run only) …")
+            if pool is not None:
+                pool.compile(todo, on_compile)
+            else:
+                compile_kernels(todo, n, on_compile, params.cpus)
+            compiled.append(True)
+        if pool is not None:
+            pool.close()
+        threads = setup_threads(params.n_threads, params.cpus, params.numa)
+        engine.params = replace(engine.params, n_threads=threads.n_threads)
+
+    try:
+        engine = Engine.load(path, params, progress=progress if verbose else None, on_placed=placed)
+    finally:
+        if pool is not None:
+            pool.close()
+    if compiled:
+        engine.warmup()  # loads what was compiled ahead; compiles anything the list above does not hold
         mark_kernels_compiled(marker_dir)
     return engine, 1000 * (time.perf_counter() - t0)
+
+
+def compile_workers(cpus=()) -> int:
+    """Processes that compile kernels side by side: one per physical core this process may use (of params.cpus)."""
+    return len(physical_cores(cpus or None))

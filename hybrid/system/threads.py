@@ -1,14 +1,11 @@
 """The Numba runtime of the CPU kernels: how many worker threads (-t defaults to the physical cores), which CPU
 each one is pinned to (one per physical core, never a hyperthread sibling while cores remain; -C/--cpu-mask,
---cpu-range and --numa choose the CPUs), and whether the kernels' compile cache is still empty.
+--cpu-range and --numa choose the CPUs). The kernels' compile cache is hybrid/system/compile.py's.
 """
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
-import pickle
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -18,7 +15,7 @@ import numba
 import numpy as np
 from numba import njit, prange, types
 
-from kernels_cpu import sources_digest
+from kernels_cpu.signatures import Kernel
 
 from hybrid.system import numa as _numa
 from hybrid.system.devices import core_key, parse_cpulist, physical_core_cpus
@@ -142,6 +139,12 @@ def _pin_workers(masks, done, tids, rcs, n_iter, max_spin):
             spins += 1
 
 
+# _pin_workers' one signature, so that a first run compiles it with the kernels (hybrid/system/compile.py)
+PIN_KERNEL = Kernel("hybrid.system.threads", "_pin_workers",
+                    (types.Array(types.uint64, 2, "C"), *(types.Array(types.int64, 1, "C"),) * 3, types.int64,
+                     types.int64), cost_s=1.0)
+
+
 def pin_threads(cpus: Sequence[int], attempts: int = 20) -> ThreadSetup:
     """Pin Numba worker i (of numba.get_num_threads()) to cpus[i % len(cpus)] and the main thread to cpus[0];
     HybridError when a worker never ran or the kernel refused a CPU."""
@@ -185,54 +188,3 @@ def thread_affinity(tid: int) -> tuple[int, ...]:
         if line.startswith("Cpus_allowed_list:"):
             return parse_cpulist(line.split(":", 1)[1])
     return ()
-
-
-# -- the compile cache ----------------------------------------------------------------------------------------
-def kernel_sources_id(package: str = "kernels_cpu") -> str:
-    """A hash of the kernel package's sources and the Numba version: the compile cache holds for this id."""
-    d = _package_dir(package)
-    h = hashlib.sha256(numba.__version__.encode() + (sources_digest(d) if d else "").encode())
-    return h.hexdigest()[:16]
-
-
-def kernel_cache_stale(marker_dir: Path, package: str = "kernels_cpu") -> bool:
-    """True when the next kernel call will compile (slow): no run has been marked done (`mark_kernels_compiled`)
-    for these sources, or Numba's cache in the package's __pycache__ holds no index matching them (wiped)."""
-    d = _package_dir(package)
-    if d is None:
-        return False
-    if not (marker_dir / f"kernels-{kernel_sources_id(package)}.compiled").is_file():
-        return True
-    cache = d / "__pycache__"
-    return os.access(d, os.W_OK) and not any(_index_fresh(d, nbi) for nbi in cache.glob("*.nbi"))
-
-
-def mark_kernels_compiled(marker_dir: Path, package: str = "kernels_cpu") -> None:
-    """Remember that the kernels of these sources have been compiled once (a marker file in `marker_dir`)."""
-    try:
-        marker_dir.mkdir(parents=True, exist_ok=True)
-        (marker_dir / f"kernels-{kernel_sources_id(package)}.compiled").touch()
-    except OSError:
-        pass  # a read-only cache directory only means the message shows again
-
-
-def _package_dir(package: str) -> Path | None:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def _index_fresh(pkg_dir: Path, nbi: Path) -> bool:
-    """Whether a Numba index file (a pickled version, then a pickle of (source stamp, overloads)) matches its
-    source: a sha256 of the file since numba 0.61, (mtime, size) before."""
-    src = pkg_dir / (nbi.name.split(".", 1)[0] + ".py")
-    try:
-        with open(nbi, "rb") as f:
-            if pickle.load(f) != numba.__version__:
-                return False
-            stamp, _ = pickle.loads(f.read())
-        st = src.stat()
-        return stamp in (hashlib.sha256(src.read_bytes()).digest(), (st.st_mtime, st.st_size))
-    except Exception:  # noqa: BLE001 - unreadable or foreign index: as if absent
-        return False
