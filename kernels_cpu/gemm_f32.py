@@ -167,19 +167,26 @@ def pack_q8(qs, d, block):
     n_panels = (n_tok + GEMM_NR - 1) // GEMM_NR
     xp = np.empty((n_panels, n_in * GEMM_NR), dtype=np.float32)
     qf = qs.reshape(qs.size)
-    zero = np.float32(0.0)
+    tokens = np.arange(n_tok)
     for p in prange(n_panels):
-        tmp = np.zeros(GEMM_NR * 32, dtype=np.float32)
-        nt = min(GEMM_NR, n_tok - p * GEMM_NR)
-        for k0 in range(0, n_in, 32):
-            for j in range(nt):
-                t = p * GEMM_NR + j
-                db = d[t, k0 // block]
-                store_scaled(tmp, 32 * j, load_i8x32(qf, t * n_in + k0), db, zero, db, zero)
-            for kk in range(32):
-                for j in range(GEMM_NR):
-                    xp[p, (k0 + kk) * GEMM_NR + j] = tmp[32 * j + kk]
+        pack_panel(xp, p, qf, d, block, n_in, tokens, p * GEMM_NR, min(GEMM_NR, n_tok - p * GEMM_NR))
     return xp
+
+
+@njit(inline="always")
+def pack_panel(xp, p, qf, d, block, n_in, src, first, nt):
+    """Panel p of xp in pack_q8's layout: the Q8 rows src[first + j] (j < nt) of the flat activations qf (rows of
+    n_in int8, scales d per `block` values), the panel's other GEMM_NR - nt columns zero."""
+    tmp = np.zeros(GEMM_NR * 32, dtype=np.float32)
+    zero = np.float32(0.0)
+    for k0 in range(0, n_in, 32):
+        for j in range(nt):
+            t = src[first + j]
+            db = d[t, k0 // block]
+            store_scaled(tmp, 32 * j, load_i8x32(qf, t * n_in + k0), db, zero, db, zero)
+        for kk in range(32):
+            for j in range(GEMM_NR):
+                xp[p, (k0 + kk) * GEMM_NR + j] = tmp[32 * j + kk]
 
 
 @njit(cache=True, parallel=True)

@@ -31,7 +31,6 @@ from kernels_cpu.matmul import GEMM_MIN_TOKENS, INT_ROWS_PER_BLOCK, INT_TASKS_PE
 from kernels_cpu.moe_route import group_pairs, route_topk
 from kernels_cpu.quant_dot_float import matmul_f32
 from kernels_cpu.sched import next_task
-from kernels_cpu.simd import load_i8x32, store_scaled
 
 GEMM_ROWS = gemm_f32.ROWS_PER_TASK  # rows of a GEMM task (its scratch)
 NR = gemm_f32.GEMM_NR  # tokens per packed panel
@@ -77,18 +76,8 @@ def _pack(qs, d, block, src, panels):
     n_in = qs.shape[1]
     xp = np.empty((panels.shape[0], n_in * NR), dtype=np.float32)
     qf = qs.reshape(qs.size)
-    zero = np.float32(0.0)
     for pp in prange(panels.shape[0]):
-        tmp = np.zeros(NR * 32, dtype=np.float32)
-        first, nt = panels[pp, 0], panels[pp, 1]
-        for k0 in range(0, n_in, 32):
-            for j in range(nt):
-                t = src[first + j]
-                db = d[t, k0 // block]
-                store_scaled(tmp, 32 * j, load_i8x32(qf, t * n_in + k0), db, zero, db, zero)
-            for kk in range(32):
-                for j in range(NR):
-                    xp[pp, (k0 + kk) * NR + j] = tmp[32 * j + kk]
+        gemm_f32.pack_panel(xp, pp, qf, d, block, n_in, src, panels[pp, 0], panels[pp, 1])
     return xp
 
 

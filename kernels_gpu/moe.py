@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from .matmul import (GEMM_CHUNK_ELEMENTS, GPU_KERNELS, MATVEC_MAX_TOKENS, MV_WARPS, Q6S_NB, Q6S_WARPS, Q8_KERNEL,
-                     Q8_BLOCK, Q8_MATVEC, dequantize, gpu_kernel, matmul, matvec_config, q8_config, quantize_q8_1)
+                     Q8_BLOCK, Q8_MATVEC, gpu_kernel, matmul, matvec_config, q8_config, quantize_q8_1)
 from .module import get_kernel
 from .ops import GLU_ACTS, glu
 

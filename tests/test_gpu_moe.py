@@ -13,6 +13,7 @@ import hybrid.model.arch.blocks as blocks  # noqa: E402
 from hybrid.backends.gpu import GpuBackend  # noqa: E402
 from hybrid.backends.offload import OffloadBackend  # noqa: E402
 from hybrid.engine import Engine, EngineParams  # noqa: E402
+from hybrid.generate.sampling import log_softmax  # noqa: E402
 from hybrid.tools.synth.model import ModelShape, make_model  # noqa: E402
 from kernels_gpu import moe  # noqa: E402
 from kernels_gpu.matmul import Q8_MATVEC  # noqa: E402
@@ -124,12 +125,6 @@ def test_moe_ffn_vs_float64(n_tok, types):
     assert nmse(got, ref) < tol
 
 
-def _log_softmax(z: np.ndarray) -> np.ndarray:
-    z = z.astype(np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
-
-
 def _kl(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     pa = np.exp(a)
     return (pa * (a - b)).sum(-1)
@@ -155,7 +150,7 @@ def _run(path, ngl, seq, fused: bool, monkeypatch, op_offload: bool = False) -> 
             decode = np.stack([eng.eval([int(t)], cache) for t in seq[:24]])
             prefill = eng.eval(seq, eng.new_cache(), logits_from=0)
             gpus = {id(b): b for b in (*eng.backends, eng.output_backend) if hasattr(b, "decode_step")}.values()
-            return _log_softmax(decode), _log_softmax(prefill), [(b.graph_report(), b.graph_fallback) for b in gpus]
+            return log_softmax(decode), log_softmax(prefill), [(b.graph_report(), b.graph_fallback) for b in gpus]
         finally:
             eng.close()
 
