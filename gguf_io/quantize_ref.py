@@ -1,17 +1,20 @@
-"""Numpy reference quantizers for what the KV cache and activations need: Q8_0, Q4_0 and Q8_K.
+"""Numpy reference quantizers for what the KV cache and activations need (Q8_0, Q4_0, Q8_K), and MXFP4 weights.
 
-Transcriptions of ggml's quantize_row_q8_0_ref, quantize_row_q4_0_ref and quantize_row_q8_K_ref
-(ggml-quants.c) in float32, vectorized over blocks; the kernels' own quantizers are tested against these.
+Transcriptions of ggml's quantize_row_q8_0_ref, quantize_row_q4_0_ref, quantize_row_q8_K_ref and
+quantize_row_mxfp4_ref (ggml-quants.c) in float32, vectorized over blocks; the kernels' own quantizers are tested
+against these.
 """
 
 import numpy as np
 
 from .errors import GGUFFormatError
 from .quants import spec_from_blocks
+from .quants_legacy import KVALUES_MXFP4, e8m0_to_fp32_half
 
 QK8_0 = 32
 QK4_0 = 32
 QK_K = 256
+QK_MXFP4 = 32
 Q8_K_TYPE_SIZE = 4 + QK_K + 2 * (QK_K // 16)  # block_q8_K: d (float32), qs[256] (int8), bsums[16] (int16)
 
 
@@ -105,3 +108,20 @@ def _dequantize_q8_k_blocks(blocks: np.ndarray) -> np.ndarray:
 
 # Q8_K is an activation format (GGML type id 15), not a weight type: it is deliberately not in QUANTS.
 Q8_K_SPEC = spec_from_blocks("Q8_K", 15, QK_K, Q8_K_TYPE_SIZE, _dequantize_q8_k_blocks)
+
+
+def quantize_mxfp4(x: np.ndarray) -> np.ndarray:
+    """quantize_row_mxfp4_ref: `(..., n) float32 -> (..., n/32 * 17) uint8` (block_mxfp4: e (e8m0), qs[16]).
+
+    e = floor(log2(max |x|)) - 2 + 127 (0 for an all-zero block), d = 2**(e - 128) (ggml_e8m0_to_fp32_half);
+    each element takes the nearest of kvalues_mxfp4 * d (the first on ties), low nibbles first as in Q4_0.
+    """
+    xb = _blocks(x, QK_MXFP4, "MXFP4")  # (..., nb, 32)
+    amax = np.abs(xb).max(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        e = np.where(amax > 0, np.floor(np.log2(amax)) - 2 + 127, 0).astype(np.uint8)  # (..., nb, 1)
+    d = e8m0_to_fp32_half(e)
+    err = np.abs(d[..., None] * KVALUES_MXFP4 - xb[..., None])  # (..., nb, 32, 16)
+    q = err.argmin(axis=-1).astype(np.uint8)  # argmin: the first of equal errors, as ggml's strict `<`
+    qs = q[..., :QK_MXFP4 // 2] | (q[..., QK_MXFP4 // 2:] << np.uint8(4))
+    return _to_bytes(xb.shape[:-2], e, qs)

@@ -1,6 +1,6 @@
 """The quant registry: one `QuantSpec` per supported GGML type, with its numpy reference dequantizer.
 
-Dequantizers are our own code (quants_legacy.py, quants_k.py) and equal `gguf.quants.dequantize`
+Dequantizers are our own code (quants_legacy.py, quants_k.py, quants_iq.py) and equal `gguf.quants.dequantize`
 bit for bit; kernels are checked against them.
 """
 
@@ -11,6 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from . import quants_iq as _iq
 from . import quants_k as _k
 from . import quants_legacy as _legacy
 from .errors import GGUFFormatError, UnsupportedQuantType
@@ -90,6 +91,14 @@ QUANTS: dict[str, QuantSpec] = {
         spec_from_blocks("IQ4_NL", 20, 32, 18, _legacy.dequantize_iq4_nl),
         spec_from_blocks("IQ4_XS", 23, 256, 136, _k.dequantize_iq4_xs),
         spec_from_blocks("BF16", 30, 1, 2, _legacy.dequantize_bf16),
+        spec_from_blocks("MXFP4", 39, 32, 17, _legacy.dequantize_mxfp4),
+        spec_from_blocks("IQ2_XXS", 16, 256, 66, _iq.dequantize_iq2_xxs),
+        spec_from_blocks("IQ2_XS", 17, 256, 74, _iq.dequantize_iq2_xs),
+        spec_from_blocks("IQ2_S", 22, 256, 82, _iq.dequantize_iq2_s),
+        spec_from_blocks("IQ3_XXS", 18, 256, 98, _iq.dequantize_iq3_xxs),
+        spec_from_blocks("IQ3_S", 21, 256, 110, _iq.dequantize_iq3_s),
+        spec_from_blocks("IQ1_S", 19, 256, 50, _iq.dequantize_iq1_s),
+        spec_from_blocks("IQ1_M", 29, 256, 56, _iq.dequantize_iq1_m),
     )
 }
 _BY_ID: dict[int, QuantSpec] = {s.type_id: s for s in QUANTS.values()}

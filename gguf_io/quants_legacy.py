@@ -1,4 +1,4 @@
-"""Reference dequantizers for the plain float types and ggml's 32-element block types.
+"""Reference dequantizers for the plain float types and ggml's 32-element block types (MXFP4 among them).
 
 Each function maps blocks `(n_blocks, type_size) uint8` (C-contiguous) to `(n_blocks, block_size)
 float32`, written from the ggml structs in ggml-common.h and the `dequantize_row_*` loops of
@@ -91,3 +91,20 @@ def dequantize_iq4_nl(blocks: np.ndarray) -> np.ndarray:
     # block_iq4_nl: d (fp16), qs[16]; y = d * kvalues_iq4nl[nibble], nibble order as in Q4_0
     d = fp16_field(blocks, 0)
     return d * KVALUES_IQ4NL[nibbles(blocks[:, 2:18])]
+
+
+# kvalues_mxfp4 (ggml-common.h): the e2m1 values doubled (the e8m0 scale below is halved to match).
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.float32)
+
+
+def e8m0_to_fp32_half(e: np.ndarray) -> np.ndarray:
+    """ggml_e8m0_to_fp32_half: uint8 exponents -> float32 2**(e - 128), as bits (subnormal for e < 2)."""
+    e32 = e.astype(np.uint32)
+    bits = np.where(e32 < 2, np.uint32(0x00200000) << e32, (e32 - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(np.float32)
+
+
+def dequantize_mxfp4(blocks: np.ndarray) -> np.ndarray:
+    # block_mxfp4: e (e8m0), qs[16]; y = kvalues_mxfp4[nibble] * 2**(e - 128), nibble order as in Q4_0
+    d = e8m0_to_fp32_half(blocks[:, 0:1])
+    return d * KVALUES_MXFP4[nibbles(blocks[:, 1:17])]

@@ -16,7 +16,7 @@ import numba
 import numpy as np
 
 from gguf_io.errors import UnsupportedQuantType
-from kernels_cpu import act_quant, gemm_f32, quant_dot_float, sched, vec_dot_k, vec_dot_legacy
+from kernels_cpu import act_quant, gemm_f32, quant_dot_float, sched, vec_dot_iq, vec_dot_k, vec_dot_legacy
 
 
 @dataclass(frozen=True)
@@ -155,14 +155,17 @@ def _k_runner(kind):
 _INT_FAMILIES = {
     "Q8_0": ({"Q4_0": vec_dot_legacy.Q4_0, "Q4_1": vec_dot_legacy.Q4_1, "Q5_0": vec_dot_legacy.Q5_0,
               "Q5_1": vec_dot_legacy.Q5_1, "Q8_0": vec_dot_legacy.Q8_0, "IQ4_NL": vec_dot_legacy.IQ4_NL,
-              "Q4_0_X8": vec_dot_legacy.Q4_0_X8, "Q5_0_X8": vec_dot_legacy.Q5_0_X8},
+              "MXFP4": vec_dot_legacy.MXFP4, "Q4_0_X8": vec_dot_legacy.Q4_0_X8, "Q5_0_X8": vec_dot_legacy.Q5_0_X8},
              _legacy_dots),
     "Q8_K": ({"Q2_K": vec_dot_k.Q2_K, "Q3_K": vec_dot_k.Q3_K, "Q4_K": vec_dot_k.Q4_K, "Q5_K": vec_dot_k.Q5_K,
-              "Q6_K": vec_dot_k.Q6_K, "IQ4_XS": vec_dot_k.IQ4_XS, "Q4_K_X8": vec_dot_k.Q4_K_X8}, _k_dots),
+              "Q6_K": vec_dot_k.Q6_K, "IQ4_XS": vec_dot_k.IQ4_XS, "Q4_K_X8": vec_dot_k.Q4_K_X8,
+              "IQ2_XXS": vec_dot_iq.IQ2_XXS, "IQ2_XS": vec_dot_iq.IQ2_XS, "IQ2_S": vec_dot_iq.IQ2_S,
+              "IQ3_XXS": vec_dot_iq.IQ3_XXS, "IQ3_S": vec_dot_iq.IQ3_S, "IQ1_S": vec_dot_iq.IQ1_S,
+              "IQ1_M": vec_dot_iq.IQ1_M}, _k_dots),
 }
 
 
-_L, _K, _G = vec_dot_legacy, vec_dot_k, gemm_f32
+_L, _K, _I, _G = vec_dot_legacy, vec_dot_k, vec_dot_iq, gemm_f32
 KERNELS: dict[str, CpuKernel] = {
     "F32": CpuKernel("F32", 1, 4, "F32", _float_runner(_G.F32, lambda x: x, _small_f32)),
     "F16": CpuKernel("F16", 1, 2, "F16", _float_runner(_G.F16, act_quant.round_to_f16, _small_f16)),
@@ -181,6 +184,14 @@ KERNELS: dict[str, CpuKernel] = {
     "Q5_K": CpuKernel("Q5_K", 256, 176, "Q8_K", _k_runner(_K.Q5_K)),
     "Q6_K": CpuKernel("Q6_K", 256, 210, "Q8_K", _k_runner(_K.Q6_K)),
     "IQ4_XS": CpuKernel("IQ4_XS", 256, 136, "Q8_K", _k_runner(_K.IQ4_XS)),
+    "MXFP4": CpuKernel("MXFP4", 32, 17, "Q8_0", _legacy_runner(_L.MXFP4)),
+    "IQ2_XXS": CpuKernel("IQ2_XXS", 256, 66, "Q8_K", _k_runner(_I.IQ2_XXS)),
+    "IQ2_XS": CpuKernel("IQ2_XS", 256, 74, "Q8_K", _k_runner(_I.IQ2_XS)),
+    "IQ2_S": CpuKernel("IQ2_S", 256, 82, "Q8_K", _k_runner(_I.IQ2_S)),
+    "IQ3_XXS": CpuKernel("IQ3_XXS", 256, 98, "Q8_K", _k_runner(_I.IQ3_XXS)),
+    "IQ3_S": CpuKernel("IQ3_S", 256, 110, "Q8_K", _k_runner(_I.IQ3_S)),
+    "IQ1_S": CpuKernel("IQ1_S", 256, 50, "Q8_K", _k_runner(_I.IQ1_S)),
+    "IQ1_M": CpuKernel("IQ1_M", 256, 56, "Q8_K", _k_runner(_I.IQ1_M)),
 }
 
 # Layouts of our own that hybrid.repack makes at load from a GGML type (the rows of a matrix interleaved by 8 for

@@ -1,5 +1,6 @@
 """SIMD dot products of raw 256-element GGML super-blocks (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) with Q8_K
-activations, as ggml's ggml_vec_dot_*_q8_K on AVX2, plus the float32 row decoders the batched GEMM uses.
+activations, as ggml's ggml_vec_dot_*_q8_K on AVX2, plus the float32 row decoders the batched GEMM uses; the
+codebook types (IQ1/IQ2/IQ3, kernels_cpu.vec_dot_iq) share the driver through kind codes from vec_dot_iq.FIRST_KIND.
 
 Per 32 weights the codes are unpacked into one 32-byte vector (`simd`), multiplied with the int8 activations
 (vpmaddubsw) and by their sub-block's integer scale (vpmaddwd with the scale in each 16-bit lane: one scale per
@@ -16,7 +17,7 @@ Weight offsets are linear byte offsets into the C-contiguous (n_out, row_bytes) 
 import numpy as np
 from numba import njit, prange
 
-from kernels_cpu import q4_k_x8
+from kernels_cpu import q4_k_x8, vec_dot_iq
 from kernels_cpu.q4_k_x8 import scale_min_k4
 from kernels_cpu.sched import next_task
 from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32, load_i16x16, load_nib16, load_u32,
@@ -314,14 +315,19 @@ def dot2_iq4_xs(w, wo, rb, xq, xd, bsums, nb):
     pf = prefetch_distance(rb, PREFETCH_BYTES)
     for i in range(nb):
         o, xb, dx = wo + i * 136, i * QK_K, xd[i]
+        for line in range(0, 272, 64):  # the pair's 272 bytes
+            prefetch(w, wo + 2 * i * 136 + pf + line)
+        h0, h1 = load_u32(w, o), load_u32(w, o + rb)  # d | scales_h << 16
+        l0, l1 = load_u32(w, o + 4), load_u32(w, o + rb + 4)  # scales_l: a nibble per sub-block
         s0, s1 = zero_i32(), zero_i32()
         for g in range(8):
-            prefetch(w, wo + 2 * i * 136 + pf + 64 * g)
             x = load_i8x32(xq, xb + 32 * g)
             q = codes_iq4_xs(w, o, g)
-            s0 = add_i32(s0, madd(maddubs(abs_i8(q), sign_i8(x, q)), splat_i16(scale_iq4_xs(w, o, g))))
+            ls = (((l0 >> (4 * g)) & 15) | (((h0 >> (16 + 2 * g)) & 3) << 4)) - 32
+            s0 = add_i32(s0, madd(maddubs(abs_i8(q), sign_i8(x, q)), splat_i16(ls)))
             q = codes_iq4_xs(w, o + rb, g)
-            s1 = add_i32(s1, madd(maddubs(abs_i8(q), sign_i8(x, q)), splat_i16(scale_iq4_xs(w, o + rb, g))))
+            ls = (((l1 >> (4 * g)) & 15) | (((h1 >> (16 + 2 * g)) & 3) << 4)) - 32
+            s1 = add_i32(s1, madd(maddubs(abs_i8(q), sign_i8(x, q)), splat_i16(ls)))
         a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o + 0) * dx)
         a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb + 0) * dx)
     return hsum_f32(a0), hsum_f32(a1)
@@ -369,6 +375,8 @@ def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, bsums, y, nb):
             y[r] = v0
             if rb:
                 y[r + 1] = v1
+    elif kind >= vec_dot_iq.FIRST_KIND:
+        vec_dot_iq.rows_dot(kind, w, row_bytes, r0, r1, xq, xd, bsums, y, nb)
     else:
         for r in range(r0, r1, 2):
             rb = row_bytes if r + 1 < r1 else 0
@@ -422,6 +430,9 @@ def decode_row_f32(kind, w, wo, nb, out, oo):
     """Row of `kind` at byte wo (nb super-blocks) -> float32 out[oo:oo + 256 nb] (ggml's dequantize)."""
     if kind == Q4_K_X8:
         q4_k_x8.decode_row_f32(w, wo, nb, out, oo)
+        return
+    if kind >= vec_dot_iq.FIRST_KIND:
+        vec_dot_iq.decode_row_f32(kind, w, wo, nb, out, oo)
         return
     for i in range(nb):
         ob = oo + i * QK_K

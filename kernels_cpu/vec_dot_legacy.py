@@ -1,10 +1,10 @@
-"""SIMD dot products of raw 32-element GGML blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) with Q8_0 (Q8_1 for
+"""SIMD dot products of raw 32-element GGML blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) with Q8_0 (Q8_1 for
 Q4_1/Q5_1) activations, as ggml's ggml_vec_dot_*_q8_0 on AVX2, plus the float32 row decoders the batched GEMM uses.
 
 Per block the weight codes are unpacked into one 32-byte vector (`simd`), multiplied with the 32 int8
 activations into exact int32 lanes (vpmaddubsw/vpmaddwd), converted to float32 and accumulated with the
 block scale d_w * d_x: y = sum_b d_w[b] d_x[b] sum_j q[j] q8[j] (+ m[b] * d_x[b] sum_j q8[j] for Q4_1/Q5_1).
-Signed codes (Q4_0 q-8, Q5_0 q-16, Q8_0, IQ4_NL levels) go through |q| and sign(q) * q8 like ggml.
+Signed codes (Q4_0 q-8, Q5_0 q-16, Q8_0, IQ4_NL and MXFP4 levels) go through |q| and sign(q) * q8 like ggml.
 
 Activations: xq int8 (n_tok, n_in), xd float32 (n_tok, n_in/32), and for Q4_1/Q5_1 xs float32 (n_tok, n_in/32):
 block_q8_1's s, fp16(d_x * sum q8) with d_x before its fp16 rounding (kernels_cpu.act_quant.quantize_q8_1), as
@@ -15,6 +15,7 @@ moved SmolLM2-135M Q4_1's perplexity by +0.2% from llama.cpp's and from a float6
 import numpy as np
 from numba import njit, prange
 
+from gguf_io.quants_legacy import e8m0_to_fp32_half
 from kernels_cpu import legacy_x8
 from kernels_cpu.sched import next_task
 from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_bits32, load_f16, load_i8x32, load_nib16, prefetch,
@@ -25,11 +26,15 @@ QK = 32
 PREFETCH_BYTES = 2048
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 0, 1, 2, 3, 4, 5  # type codes (one compiled driver for all of them)
 Q4_0_X8, Q5_0_X8 = 6, 7  # rows interleaved by 8 (kernels_cpu.legacy_x8): calls cover whole groups of 8 rows
-TYPE_SIZE = np.array([18, 20, 22, 24, 34, 18, 18, 22], dtype=np.int64)
+MXFP4 = 8
+TYPE_SIZE = np.array([18, 20, 22, 24, 34, 18, 18, 22, 17], dtype=np.int64)
 
 # kvalues_iq4nl (ggml-common.h): the 16 non-linear levels of IQ4_NL / IQ4_XS, as bytes for the lookup.
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
                          dtype=np.int8).view(np.uint8)
+# kvalues_mxfp4 (ggml-common.h): e2m1 values doubled; E8M0_HALF[e] = ggml_e8m0_to_fp32_half(e) = 2**(e - 128).
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8).view(np.uint8)
+E8M0_HALF = e8m0_to_fp32_half(np.arange(256, dtype=np.uint8))
 
 
 # -- per type: the block's codes (an I8x32 of small signed values), scale d and offset m --------------------
@@ -67,6 +72,12 @@ def block_q8_0(w, o):
 def block_iq4_nl(w, o):
     # block_iq4_nl: d (fp16), qs[16]; value = d * kvalues_iq4nl[nibble], low nibbles first
     return lut16_i8(load_nib16(w, o + 2), KVALUES_IQ4NL, 0), load_f16(w, o)
+
+
+@njit(inline="always")
+def block_mxfp4(w, o):
+    # block_mxfp4: e (e8m0), qs[16]; value = 2**(e - 128) * kvalues_mxfp4[nibble], low nibbles first
+    return lut16_i8(load_nib16(w, o + 1), KVALUES_MXFP4, 0), E8M0_HALF[w[o]]
 
 
 # -- two weight rows . one token's Q8_0 activations: dot2_<type>(w, wo, rb, xq, xd, [xs,] nb) ---------------
@@ -155,6 +166,21 @@ def dot2_iq4_nl(w, wo, rb, xq, xd, nb):
 
 
 @njit(cache=True, fastmath=True)
+def dot2_mxfp4(w, wo, rb, xq, xd, nb):
+    a0 = zero_f32()
+    a1 = zero_f32()
+    pf = prefetch_distance(rb, PREFETCH_BYTES)
+    for b in range(nb):
+        x, dx, o = load_i8x32(xq, b * QK), xd[b], wo + b * 17
+        prefetch(w, wo + 2 * b * 17 + pf)
+        q, d = block_mxfp4(w, o)
+        a0 = fma_f32(a0, sdot(q, x), d * dx)
+        q, d = block_mxfp4(w, o + rb)
+        a1 = fma_f32(a1, sdot(q, x), d * dx)
+    return hsum_f32(a0), hsum_f32(a1)
+
+
+@njit(cache=True, fastmath=True)
 def dot2_q4_1(w, wo, rb, xq, xd, xs, nb):
     a0 = zero_f32()
     a1 = zero_f32()
@@ -230,6 +256,13 @@ def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, xs, y, nb):
             y[r] = v0
             if rb:
                 y[r + 1] = v1
+    elif kind == MXFP4:
+        for r in range(r0, r1, 2):
+            rb = row_bytes if r + 1 < r1 else 0
+            v0, v1 = dot2_mxfp4(w, r * row_bytes, rb, xq, xd, nb)
+            y[r] = v0
+            if rb:
+                y[r + 1] = v1
     elif kind == Q4_1:
         for r in range(r0, r1, 2):
             rb = row_bytes if r + 1 < r1 else 0
@@ -249,7 +282,8 @@ def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, xs, y, nb):
 @njit(inline="always")
 def _signed(kind):
     """Whether a type's codes are signed (no min term): Q4_0, Q5_0, Q8_0, IQ4_NL and the interleaved ones."""
-    return kind == Q4_0 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL or kind == Q4_0_X8 or kind == Q5_0_X8
+    return (kind == Q4_0 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL or kind == Q4_0_X8 or kind == Q5_0_X8
+            or kind == MXFP4)
 
 
 @njit(cache=True, parallel=True, fastmath=True)
@@ -326,6 +360,10 @@ def _decode_plain(kind, w, wo, nb, out, oo):
     elif kind == Q8_0:
         for b in range(nb):
             q, d = block_q8_0(w, wo + b * 34)
+            store_scaled(out, oo + b * QK, q, d, zero, d, zero)
+    elif kind == MXFP4:
+        for b in range(nb):
+            q, d = block_mxfp4(w, wo + b * 17)
             store_scaled(out, oo + b * QK, q, d, zero, d, zero)
     else:
         for b in range(nb):

@@ -61,7 +61,7 @@ class GpuKernel:
         return self.parts == 0
 
 
-_L, _K, _F = "matvec_legacy", "matvec_k", "matvec_float"
+_L, _K, _I, _F = "matvec_legacy", "matvec_k", "matvec_iq", "matvec_float"
 GPU_KERNELS: dict[str, GpuKernel] = {
     "F32": GpuKernel("F32", 1, 4, _F, "f32", 0, 4),
     "F16": GpuKernel("F16", 1, 2, _F, "f16", 0, 2),
@@ -78,6 +78,14 @@ GPU_KERNELS: dict[str, GpuKernel] = {
     "Q5_K": GpuKernel("Q5_K", 256, 176, _K, "q5_k", 8, 16),
     "Q6_K": GpuKernel("Q6_K", 256, 210, _K, "q6_k", 8, 2),
     "IQ4_XS": GpuKernel("IQ4_XS", 256, 136, _K, "iq4_xs", 8, 8),
+    "MXFP4": GpuKernel("MXFP4", 32, 17, _L, "mxfp4", 2, 1),
+    "IQ2_XXS": GpuKernel("IQ2_XXS", 256, 66, _I, "iq2_xxs", 8, 2),
+    "IQ2_XS": GpuKernel("IQ2_XS", 256, 74, _I, "iq2_xs", 8, 2),
+    "IQ2_S": GpuKernel("IQ2_S", 256, 82, _I, "iq2_s", 8, 2),
+    "IQ3_XXS": GpuKernel("IQ3_XXS", 256, 98, _I, "iq3_xxs", 8, 2),
+    "IQ3_S": GpuKernel("IQ3_S", 256, 110, _I, "iq3_s", 8, 2),
+    "IQ1_S": GpuKernel("IQ1_S", 256, 50, _I, "iq1_s", 8, 2),
+    "IQ1_M": GpuKernel("IQ1_M", 256, 56, _I, "iq1_m", 8, 2),
 }
 
 

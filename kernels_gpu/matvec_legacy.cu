@@ -1,4 +1,4 @@
-// matvec_legacy.cu: ggml's 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) for matvec_common.cu.
+// matvec_legacy.cu: ggml's 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4) for matvec_common.cu.
 // Every type splits its block into P = 2 parts of 16 elements; the 4-bit types keep element j in the low nibble
 // and element j + 16 in the high nibble of qs[j], so part p reads qs[8p .. 8p+7] and covers elements
 // 8p .. 8p+7 and 16+8p .. 16+8p+7 (runs xo = 8p, 8p+4, 16+8p, 20+8p). Word r & 1 of the part, nibble r >> 1.
@@ -140,9 +140,40 @@ struct IQ4_NL {
     }
 };
 
+// ggml_e8m0_to_fp32_half: 2^(e - 128) as float bits (subnormal for e < 2)
+__device__ __forceinline__ float e8m0_half(u32 e) {
+    return __uint_as_float(e < 2u ? (0x00200000u << e) : ((e - 1u) << 23));
+}
+
+// kvalues_mxfp4 (ggml-common.h), the e2m1 values doubled: 0, 1, 2, 3, 4, 6, 8, 12, then the same negated
+__device__ __forceinline__ float mxfp4_value(u32 n) {
+    const u32 m = __byte_perm(0x03020100u, 0x0C080604u, n & 7u) & 255u;  // byte n & 7 of {0,1,2,3,4,6,8,12}
+    return (float)((n & 8u) ? -(int)m : (int)m);  // kvalues[8] is +0
+}
+
+// block_mxfp4: e (e8m0), qs[16]; y = 2^(e - 128) * kvalues_mxfp4[nibble], nibbles ordered as in Q4_0. 17-byte
+// blocks: every field is read byte by byte.
+struct MXFP4 {
+    static constexpr int BS = 32, TS = 17, P = 2, R = 4;
+    static constexpr bool HAS_MIN = false;
+    __device__ static __forceinline__ void load(const u8* b, int p, float (&q)[R][4], float (&sc)[R], float (&mn)[R],
+                                                int (&xo)[R]) {
+        const float d = e8m0_half(b[0]);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) q[r][k] = mxfp4_value((u32)b[1 + 8 * p + 4 * (r & 1) + k] >> (4 * (r >> 1)));
+            sc[r] = d;
+            mn[r] = 0.0f;
+        }
+        nibble_runs(p, xo);
+    }
+};
+
 QUANT_ENTRIES(q4_0, Q4_0)
 QUANT_ENTRIES(q4_1, Q4_1)
 QUANT_ENTRIES(q5_0, Q5_0)
 QUANT_ENTRIES(q5_1, Q5_1)
 QUANT_ENTRIES(q8_0, Q8_0)
 QUANT_ENTRIES(iq4_nl, IQ4_NL)
+QUANT_ENTRIES(mxfp4, MXFP4)

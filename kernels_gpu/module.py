@@ -1,13 +1,17 @@
 """Compiles the `.cu` sources of this package once per process and device, through a cached `cupy.RawModule`.
 
-A module is a list of source files concatenated as text (common.cu first: NVRTC has no standard headers).
+A module is a list of source files concatenated as text (common.cu first: NVRTC has no standard headers); a name
+in GENERATED is source text made by a Python function instead of a file (the IQ grids, from gguf_io).
 CuPy also keeps the compiled binaries in its on-disk kernel cache, so later processes load them at once.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
+
+from . import iq_tables
 
 HERE = Path(__file__).resolve().parent
 
@@ -15,6 +19,7 @@ HERE = Path(__file__).resolve().parent
 MODULES: dict[str, tuple[str, ...]] = {
     "matvec_legacy": ("common.cu", "matvec_common.cu", "matvec_legacy.cu"),
     "matvec_k": ("common.cu", "matvec_common.cu", "matvec_k.cu"),
+    "matvec_iq": ("common.cu", "matvec_common.cu", "iq_grids.cu", "matvec_iq.cu"),
     "matvec_q8": ("common.cu", "matvec_q8.cu", "matvec_q8_staged.cu"),
     "matvec_float": ("common.cu", "matvec_float.cu"),
     "ops": ("common.cu", "ops.cu"),
@@ -22,6 +27,9 @@ MODULES: dict[str, tuple[str, ...]] = {
     "attention": ("common.cu", "attention.cu"),
     "moe": ("common.cu", "moe.cu"),
 }
+
+# source "files" made by code: name -> a function returning the text
+GENERATED: dict[str, Callable[[], str]] = {"iq_grids.cu": iq_tables.cuda_source}
 
 # NVRTC optimizes by default (-O3 is an nvcc flag it rejects); no fast math: expf/sincosf/division stay IEEE-exact
 OPTIONS = ("--std=c++17",)
@@ -33,7 +41,7 @@ def source(name: str) -> str:
         files = MODULES[name]
     except KeyError:
         raise ValueError(f"unknown GPU kernel module {name!r}; known: {', '.join(MODULES)}") from None
-    return "\n".join(f"// ---- {f}\n" + (HERE / f).read_text() for f in files)
+    return "\n".join(f"// ---- {f}\n" + (GENERATED[f]() if f in GENERATED else (HERE / f).read_text()) for f in files)
 
 
 @lru_cache(maxsize=None)

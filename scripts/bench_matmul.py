@@ -23,7 +23,8 @@ from reference import BASELINE_TYPES, matmul_baseline  # noqa: E402
 
 # Byte offsets of the fp16 scale fields in each block (random bytes there would give inf/NaN scales).
 SCALE_FIELDS = {"Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "IQ4_NL": (0,),
-                "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,)}
+                "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,), "IQ4_XS": (0,),
+                "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ1_S": (0,)}
 
 
 def random_weight(type_name, n_out, n_in, rng):
@@ -37,8 +38,13 @@ def random_weight(type_name, n_out, n_in, rng):
         return (vals.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     nb = n_in // k.block_size
     w = rng.integers(0, 256, size=(n_out, nb, k.type_size), dtype=np.uint8)
-    for off in SCALE_FIELDS[type_name]:
+    for off in SCALE_FIELDS.get(type_name, ()):
         w[:, :, off:off + 2] = rng.uniform(0.01, 0.1, (n_out, nb, 1)).astype(np.float16).view(np.uint8)
+    if type_name == "MXFP4":  # e8m0 scale 2**(e - 128)
+        w[:, :, 0] = rng.integers(120, 125, (n_out, nb))
+    elif type_name == "IQ1_M":  # the fp16 d in the top nibbles of the 4 u16 scales
+        w[:, :, 48:56] &= np.array([255, 15] * 4, dtype=np.uint8)
+        w[:, :, 55] |= 0x20  # d = 2**-7 (0x2000)
     return w.reshape(n_out, nb * k.type_size)
 
 

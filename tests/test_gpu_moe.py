@@ -76,7 +76,8 @@ def _experts(type_name: str, n_expert: int, n_out: int, n_in: int, rng, scale: f
     return np.stack([random_weight(type_name, n_out, n_in, rng, scale) for _ in range(n_expert)])
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_K", "Q3_K", "IQ4_XS", "IQ4_NL"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_K", "Q3_K", "IQ4_XS", "IQ4_NL", "MXFP4",
+                                       "IQ2_XXS", "IQ3_S", "IQ1_M"])
 @pytest.mark.parametrize("n_tok,k,pair", [(1, 4, True), (3, 2, True), (1, 8, False)])
 @pytest.mark.parametrize("n_in", [512, 4096])  # q8 types: short rows (<= 32 items, several rows a warp) and long
 def test_id_matvec_vs_float64(type_name, n_tok, k, pair, n_in):

@@ -13,7 +13,8 @@ from kernels_cpu.matmul import GEMM_MIN_TOKENS, KERNELS, matmul, matmuls
 from reference import BASELINE_TYPES, matmul_baseline, quant_dot_legacy
 
 NAMES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS",
+         "MXFP4", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 
 # nmse of the kernel vs float64 dequantize(w) @ x (x unconverted): dominated by converting the activations
 # to the vec_dot_type (fp16/bf16 rounding, 8-bit quantization: llama.cpp's test-backend-ops allows 5e-4).
@@ -23,7 +24,8 @@ NMSE_TOL_SAME_ACT = 1e-10
 
 # byte offsets of the fp16 scale fields per block (random bytes there would give NaN/inf scales)
 FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "IQ4_NL": [0],
-               "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0]}
+               "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0],
+               "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0]}
 
 # (n_out, n_blocks, n_tok): one block, one row, rows not divisible by 2 or 3 (nor by the 16-row tasks)
 SHAPES = [(1, 1, 1), (5, 1, 5), (37, 3, 1), (19, 2, 5)]
@@ -42,9 +44,18 @@ def random_weight(name, n_out, n_in, rng):
         return (vals.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     nb = n_in // k.block_size
     w = rng.integers(0, 256, size=(n_out, nb, k.type_size), dtype=np.uint8)
-    for off in FP16_FIELDS[name]:
+    for off in FP16_FIELDS.get(name, ()):
         scale = rng.uniform(0.002, 0.05, (n_out, nb, 1)) * rng.choice([-1.0, 1.0], (n_out, nb, 1))
         w[:, :, off:off + 2] = scale.astype("<f2").view(np.uint8)
+    if name == "MXFP4":  # block_mxfp4's e8m0 scale 2**(e - 128): 2**-9 .. 2**-5
+        w[:, :, 0] = rng.integers(119, 124, (n_out, nb))
+    elif name == "IQ1_M":  # block_iq1_m's fp16 d: nibble k on top of the u16 scales[k] (bytes 48..56)
+        d = (rng.uniform(0.002, 0.05, (n_out, nb)) * rng.choice([-1.0, 1.0], (n_out, nb))).astype("<f2").view("<u2")
+        sc = w[:, :, 48:56].copy().view("<u2")  # (n_out, nb, 4)
+        for j in range(4):
+            nib = (d >> np.uint16(4 * j)) & np.uint16(0xF)
+            sc[..., j] = (sc[..., j] & np.uint16(0x0FFF)) | (nib << np.uint16(12))
+        w[:, :, 48:56] = sc.view(np.uint8)
     if n_out * nb > 1:
         w[0, 0] = 0
     return w.reshape(n_out, nb * k.type_size)
@@ -145,7 +156,8 @@ def test_batch_sizes_on_both_paths(name, n_tok):
 # Several weights times one x (q/k/v, gate/up): K-quants and legacy types are fused per activation type, up to
 # three a pass (a fourth K-quant starts a second pass), float types go alone; each result must be matmul's own.
 MIXES = [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q5_0", "Q8_0", "Q4_K", "F16"),
-         ("Q4_K", "Q2_K", "Q3_K", "Q5_K", "IQ4_XS"), ("Q4_0", "Q4_1", "Q5_1", "IQ4_NL")]
+         ("Q4_K", "Q2_K", "Q3_K", "Q5_K", "IQ4_XS"), ("Q4_0", "Q4_1", "Q5_1", "IQ4_NL"),
+         ("IQ2_XXS", "IQ3_S", "Q4_K", "IQ1_M", "IQ2_S"), ("MXFP4", "Q8_0", "IQ3_XXS", "IQ2_XS", "IQ1_S")]
 
 
 @pytest.mark.parametrize("n_tok", [1, 3, GEMM_MIN_TOKENS])
@@ -237,13 +249,14 @@ def test_memmap_weights(tmp_path):
 
 def test_registry_covers_the_supported_types_with_ggml_geometry():
     assert list(KERNELS) == ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "IQ4_NL",
-                             "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+                             "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "MXFP4", "IQ2_XXS", "IQ2_XS",
+                             "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
     for name, k in KERNELS.items():
         assert k.name == name
         assert (k.block_size, k.type_size) == gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
 
 
-@pytest.mark.parametrize("type_name", ["Q8_1", "Q8_K", "IQ2_XXS", "TQ1_0", "MXFP4", "q4_k", 12, None])
+@pytest.mark.parametrize("type_name", ["Q8_1", "Q8_K", "TQ2_0", "TQ1_0", "NVFP4", "q4_k", 12, None])
 def test_unregistered_type_raises(type_name):
     w = np.zeros((2, 144), dtype=np.uint8)
     with pytest.raises(UnsupportedQuantType, match="no CPU matmul kernel"):

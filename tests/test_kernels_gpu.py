@@ -45,7 +45,8 @@ NMSE_ENGINE_VS_CPU_QUANT = 5e-3  # logits after 2 layers: the CPU's q8 activatio
 NMSE_GELU_VS_CPU = 1e-6  # the CPU's gelu goes through ggml's fp16 table; ours is the float formula (as ggml-cuda)
 
 FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
-               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
+               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
+               "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0]}
 TYPES = list(GPU_KERNELS)
 
 
@@ -67,8 +68,17 @@ def random_weight(name: str, n_out: int, n_in: int, rng: np.random.Generator, sc
         raw = (rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     else:
         raw = rng.integers(0, 256, size=(n, spec.type_size), dtype=np.uint8)
-        for off, s in zip(FP16_FIELDS[name], (0.05 * scale, 0.02 * scale)):
+        for off, s in zip(FP16_FIELDS.get(name, ()), (0.05 * scale, 0.02 * scale)):
             raw[:, off:off + 2] = rng.uniform(-s, s, (n, 1)).astype("<f2").view(np.uint8)
+        if name == "MXFP4":  # e8m0 scale 2**(e - 128): 2**-10 .. 2**-6 (times a power of two near `scale`)
+            raw[:, 0] = rng.integers(118, 123, n) + int(np.round(np.log2(scale)))
+        elif name == "IQ1_M":  # fp16 d spread over the top nibbles of the 4 u16 scales (bytes 48..56)
+            d = rng.uniform(-0.05 * scale, 0.05 * scale, n).astype("<f2").view("<u2")
+            sc = raw[:, 48:56].copy().view("<u2")
+            for k in range(4):
+                nib = (d >> np.uint16(4 * k)) & np.uint16(0xF)
+                sc[:, k] = (sc[:, k] & np.uint16(0x0FFF)) | (nib << np.uint16(12))
+            raw[:, 48:56] = sc.view(np.uint8)
     raw = np.ascontiguousarray(raw.reshape(n_out, -1))
     if n_out > 2:
         raw[0] = 0
@@ -488,7 +498,7 @@ def backends():
     return CpuBackend(), GpuBackend()
 
 
-@pytest.mark.parametrize("name", ["F32", "F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("name", ["F32", "F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K", "IQ4_XS", "MXFP4", "IQ3_S", "IQ1_M"])
 @pytest.mark.parametrize("n_tok", [1, 5, 40])
 def test_backend_matmul_vs_cpu(backends, name, n_tok):
     from hybrid.model.weights import Weight

@@ -10,16 +10,35 @@ import pytest
 
 from gguf_io.errors import GGUFFormatError, HybridError, UnsupportedQuantType
 from gguf_io.quantize_ref import (
-    Q8_K_SPEC, quantize_q4_0, quantize_q8_0, quantize_q8_k, quantize_q8_k_parts,
+    Q8_K_SPEC, quantize_mxfp4, quantize_q4_0, quantize_q8_0, quantize_q8_k, quantize_q8_k_parts,
 )
 from gguf_io.quants import QUANTS, QuantSpec, quant_spec
 
 NAMES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
+         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4",
+         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M"]
 # byte offsets of the fp16 scale fields per block (random bytes there would give NaN/inf scales)
 FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q2_K": [80, 82],
-               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0]}
+               "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_NL": [0], "IQ4_XS": [0],
+               "IQ2_XXS": [0], "IQ2_XS": [0], "IQ2_S": [0], "IQ3_XXS": [0], "IQ3_S": [0], "IQ1_S": [0]}
+
+
+def sane_scales(name: str, raw: np.ndarray, rng: np.random.Generator) -> None:
+    """Overwrite the scale fields of random blocks `raw` (n, type_size) with finite values of moderate size:
+    fp16 fields, MXFP4's e8m0 exponent (2**-10 .. 2**9), IQ1_M's fp16 d spread over 4 nibbles."""
+    n = raw.shape[0]
+    if name == "MXFP4":
+        raw[:, 0] = rng.integers(118, 138, n)
+    elif name == "IQ1_M":  # d's nibble k is the top nibble of the u16 scales[k] (bytes 48..56)
+        d = rng.uniform(-2.0, 2.0, n).astype("<f2").view("<u2")
+        sc = raw[:, 48:56].copy().view("<u2")
+        for k in range(4):
+            sc[:, k] = (sc[:, k] & np.uint16(0x0FFF)) | (((d >> np.uint16(4 * k)) & np.uint16(0xF)) << np.uint16(12))
+        raw[:, 48:56] = sc.view(np.uint8)
+    for off, dtype_scale in zip(FP16_FIELDS.get(name, ()), (2.0, 0.5)):
+        raw[:, off:off + 2] = rng.uniform(-dtype_scale, dtype_scale, (n, 1)).astype("<f2").view(np.uint8)
 KVALUES = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+KV_MXFP4 = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12]
 
 
 def random_blocks(name: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
@@ -34,8 +53,7 @@ def random_blocks(name: str, shape: tuple[int, ...], rng: np.random.Generator) -
         raw = (rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     else:
         raw = rng.integers(0, 256, size=(n, spec.type_size), dtype=np.uint8)
-        for off, dtype_scale in zip(FP16_FIELDS[name], (2.0, 0.5)):
-            raw[:, off:off + 2] = rng.uniform(-dtype_scale, dtype_scale, (n, 1)).astype("<f2").view(np.uint8)
+        sane_scales(name, raw, rng)
     return raw.reshape(shape + (spec.type_size,))
 
 
@@ -67,12 +85,12 @@ def test_quant_spec_lookup(name):
     assert quant_spec(gguf.GGMLQuantizationType[name]) is spec
 
 
-@pytest.mark.parametrize("unknown", ["IQ2_XXS", 16, "Q8_K", 15, 9999, "nonsense"])
+@pytest.mark.parametrize("unknown", ["TQ1_0", 34, "Q8_K", 15, 9999, "nonsense"])
 def test_quant_spec_unknown_raises(unknown):
     with pytest.raises(UnsupportedQuantType) as err:
         quant_spec(unknown)
     msg = str(err.value)
-    assert "\n" not in msg and "Q4_K" in msg and "IQ4_XS" in msg
+    assert "\n" not in msg and "Q4_K" in msg and "IQ4_XS" in msg and "MXFP4" in msg
     assert str(unknown) in msg or gguf.GGMLQuantizationType(unknown).name in msg
 
 
@@ -214,6 +232,38 @@ def _hand_built():
         "IQ4_XS": (_block("IQ4_XS", f16_0=0.5, at_2=[0x0A, 0xC0], at_4=[0x01, 0, 0, 0xF0], at_8=[0xF0],
                           at_40=[0x08], at_120=[0x09]),
                    {0: -63.5, 1: -63.5, 16: 56.5, 32: 0.0, 64: -16.0, 224: 201.5, 255: -1968.5}),
+        # block_mxfp4: e=129 -> d = 2**(129-128) = 2 times the doubled e2m1 values; nibbles as in IQ4_NL
+        "MXFP4": (_block("MXFP4", at_0=[129], at_1=nib), {**{j: 2.0 * KV_MXFP4[j] for j in range(16)},
+                                                          **{16 + j: 2.0 * KV_MXFP4[15 - j] for j in range(16)}}),
+        # Grid rows used below (gguf_io/iq_grids.py): iq2 grids: [0] = 8 x 8, [1] = 43, 8 x 7, iq2s_grid[256] =
+        # 25,25,25,25,25,8,25,8; iq3xxs [0] = 4 x 4, [1] = 20,4,4,4; iq3s [0] = 1 x 4, [1] = 3,1,1,1,
+        # [256] = 7,5,9,5; iq1s [0] = -1 x 8, [1] = 1, -1 x 7. ksigns[1] = 0x81, ksigns[2] = 0x82.
+        # block_iq2_xxs: d=1; sub-block 0: grid indices 1,0,0,0, signs idx 1 (e0, e7 negative), s=3 -> db 0.875;
+        # sub-block 1 all zero: db = 0.125
+        "IQ2_XXS": (_block("IQ2_XXS", f16_0=1.0, at_2=[1, 0, 0, 0, 1, 0, 0, 0x30]),
+                    {0: -37.625, 1: 7.0, 7: -7.0, 8: 7.0, 32: 1.0, 255: 1.0}),
+        # block_iq2_xs: d=0.5; qs[0] = grid 1 | ksigns idx 2 << 9 (e1, e7 negative); scales[0] = 0x21:
+        # db = 0.5 * 1.5 * 0.25 (e0..15), 0.5 * 2.5 * 0.25 (e16..31); scales[1] = 0 -> 0.0625
+        "IQ2_XS": (_block("IQ2_XS", f16_0=0.5, at_2=[0x01, 0x04], at_66=[0x21]),
+                   {0: 8.0625, 1: -1.5, 2: 1.5, 7: -1.5, 16: 2.5, 32: 0.5}),
+        # block_iq2_s: d=1; qs[0]=0 with qh[0]=1 -> index 256; signs[0]=1 (e0 negative); scales[0]=1 ->
+        # db 0.375 (e0..15), 0.125 (e16..31)
+        "IQ2_S": (_block("IQ2_S", f16_0=1.0, at_34=[0x01], at_66=[0x01], at_74=[0x01]),
+                  {0: -9.375, 1: 9.375, 5: 3.0, 7: 3.0, 8: 3.0, 16: 1.0}),
+        # block_iq3_xxs: d=1; qs[0]=1 (e0..3 = 20,4,4,4), scales_and_signs[0] = 1 | 1 << 28: ksigns[1], db 0.75
+        "IQ3_XXS": (_block("IQ3_XXS", f16_0=1.0, at_2=[1], at_66=[1, 0, 0, 0x10]),
+                    {0: -15.0, 1: 3.0, 4: 3.0, 7: -3.0, 32: 1.0}),
+        # block_iq3_s: d=0.5; qs[0]=1 (e0..3), qh[0]=2 -> qs[1] | 256 (e4..7 = 7,5,9,5); signs[0]=0x10 (e4
+        # negative); scales[0]=2 -> db 2.5 for e0..31, 0.5 for e32..63
+        "IQ3_S": (_block("IQ3_S", f16_0=0.5, at_2=[1], at_66=[2], at_74=[0x10], at_106=[2]),
+                  {0: 7.5, 1: 2.5, 4: -17.5, 5: 12.5, 6: 22.5, 8: 2.5, 32: 0.5}),
+        # block_iq1_s: d=1; qs[0]=1; qh[0] = 0xA000: s=2 (dl 5), delta -1/8; sub-block 1: dl 1, delta +1/8
+        "IQ1_S": (_block("IQ1_S", f16_0=1.0, at_2=[1], at_34=[0x00, 0xA0]),
+                  {0: 4.375, 1: -5.625, 8: -5.625, 32: -0.875}),
+        # block_iq1_m: d = 1.0 = 0x3C00 in the top nibbles of scales (u16 2: 0xC, u16 3: 0x3); scales u16 0 = 0x11:
+        # dl 3 (e0..15), 5 (e16..31); qs[0]=1; qh[0]=0x80: delta - for e8..15; e32..: dl 1, delta +
+        "IQ1_M": (_block("IQ1_M", at_0=[1], at_32=[0x80], at_48=[0x11, 0, 0, 0, 0, 0xC0, 0, 0x30]),
+                  {0: 3.375, 1: -2.625, 8: -3.375, 16: -4.375, 32: -0.875}),
     }
 
 
@@ -271,6 +321,21 @@ def test_quantize_matches_gguf(qname, quantize, lead):
     big = step[:, 0] > 1e-3
     assert big.sum() >= 8
     assert np.all(np.abs(y - xb)[big] <= (step * (0.6 if qname == "Q8_0" else 1.01))[big])
+
+
+@pytest.mark.parametrize("lead", [(1,), (3, 2)])
+def test_quantize_mxfp4_matches_gguf(lead):
+    x = _activations(np.random.default_rng(13), lead, 512)
+    ours = quantize_mxfp4(x)
+    theirs = gguf.quants.quantize(x, gguf.GGMLQuantizationType.MXFP4)
+    assert ours.dtype == np.uint8 and ours.shape == lead + (512 // 32 * 17,)
+    assert np.array_equal(ours, theirs)
+    # round trip: the e2m1 grid (0, .5, 1, 1.5, 2, 3, 4, 6) * 2**(e - 127) with max|x| in [4, 8) * 2**(e - 127):
+    # errors are at most half the widest gap, 1 * 2**(e - 127) <= max|x| / 4 (plus 6..8 clipped to 6: <= 2 / 8)
+    xb = x.reshape(-1, 32)
+    y = QUANTS["MXFP4"].dequantize(ours).reshape(-1, 32)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    assert np.all(np.abs(y - xb) <= amax / 4 * 1.0001)
 
 
 def _q8_k_scalar(xs: np.ndarray) -> tuple[np.float32, list[int], list[int]]:

@@ -68,12 +68,25 @@ def test_uniform_types(tmp_path, qtype):
     _check_weights(path, plan)
 
 
-@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS", "Q2_K", "Q3_K", "Q5_K"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS", "Q2_K", "Q3_K", "Q5_K", "MXFP4"])
 def test_blocks_std_and_zero_mean(qtype):
     for std in (0.005, 0.02, 0.06):
         y = QUANTS[qtype].dequantize(random_tensor(7, "w", qtype, 256 * 512, std))
         assert np.isfinite(y).all()
         assert abs(y.std() / std - 1) < 0.05 and abs(y.mean()) < 0.02 * std, (std, y.std(), y.mean())
+
+
+def test_mxfp4_moe_mix(tmp_path):
+    # llama.cpp's MXFP4_MOE: expert tensors MXFP4, every other matrix Q8_0, 1-D tensors and the router F32
+    path = tmp_path / "m.gguf"
+    plan = make_model(path, "qwen3moe", "tiny", "MXFP4_MOE", seed=1, n_layer=1, n_vocab=300)
+    with open_gguf(path) as f:
+        types = {t.name: t.type_name for t in f.tensors.values()}
+    assert {n for n, t in types.items() if t == "MXFP4"} == {"blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight",
+                                                             "blk.0.ffn_down_exps.weight"}
+    assert types["blk.0.attn_q.weight"] == types["output.weight"] == "Q8_0"
+    assert types["blk.0.ffn_gate_inp.weight"] == types["blk.0.attn_norm.weight"] == "F32"
+    _check_weights(path, plan)
 
 
 def test_deterministic(tmp_path):

@@ -86,7 +86,9 @@ def summarize(f: GGUFFile) -> ModelSummary:
 FTYPE_NAMES = {
     0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
     11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small", 15: "Q4_K - Medium",
-    16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 25: "IQ4_NL", 30: "IQ4_XS", 32: "BF16",
+    16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 19: "IQ2_XXS", 20: "IQ2_XS", 22: "IQ3_XS", 23: "IQ3_XXS",
+    24: "IQ1_S", 25: "IQ4_NL", 26: "IQ3_S", 27: "IQ3_S mix", 28: "IQ2_S", 29: "IQ2_M", 30: "IQ4_XS", 31: "IQ1_M",
+    32: "BF16", 38: "MXFP4 MoE",
 }
 
 

@@ -62,6 +62,7 @@ class BlockRecipe:
     min_ratio: float = 0.0  # min = min_ratio * d, centres the unsigned quants (dmin for K-quants, m for Q4_1/Q5_1)
     signed_d: bool = False  # random sign of d: a zero mean for the symmetric types
     fix_scales: Callable[[np.ndarray], None] | None = None
+    e8m0: bool = False  # d is an e8m0 exponent byte, d = 2**(byte - 128) (block_mxfp4), not an fp16 field
 
 
 RECIPES: dict[str, BlockRecipe] = {
@@ -77,6 +78,7 @@ RECIPES: dict[str, BlockRecipe] = {
     "Q5_K": BlockRecipe(0, 2, 15.5, fix_scales=_k4_scales),
     "Q6_K": BlockRecipe(208, signed_d=True, fix_scales=_q6_k_scales),
     "IQ4_XS": BlockRecipe(0, signed_d=True, fix_scales=_iq4_xs_scales),
+    "MXFP4": BlockRecipe(0, e8m0=True),
 }
 FLOAT_TYPES = ("F32", "F16", "BF16")
 SUPPORTED_TYPES = FLOAT_TYPES + tuple(RECIPES)
@@ -89,7 +91,14 @@ _SIGNED_FACTOR = _FACTOR * np.where(np.arange(256) & 1, -1.0, 1.0)
 def _fix_blocks(b: np.ndarray, type_name: str, d_scale: float) -> None:
     """Overwrite the scale fields of random blocks `b` (n, type_size) uint8 in place; d = d_scale * factor."""
     r = RECIPES[type_name]
-    w = b.view("<u2")  # every type_size here is even and every fp16 field is at an even offset
+    if r.e8m0:  # powers of two 2**e0 or 2**(e0 + 1) around d_scale, mixed per block so the mean of d**2 is
+        # d_scale**2 (the random byte there picks; the codes carry the signs)
+        e0 = np.floor(np.log2(d_scale)) if d_scale > 0 else -128.0
+        p_up = (d_scale**2 / 4.0**e0 - 1.0) / 3.0
+        up = b[:, r.d_offset] < np.uint8(min(255, round(256 * p_up)))
+        b[:, r.d_offset] = np.clip(e0 + 128 + up, 0, 254).astype(np.uint8)
+        return
+    w = b.view("<u2")  # every other type_size is even and every fp16 field is at an even offset
     idx = b[:, r.d_offset]  # the random low byte of d picks the factor
     d = (_SIGNED_FACTOR if r.signed_d else _FACTOR) * d_scale  # 256 candidate values of d
     if r.min_offset is not None:

@@ -1,4 +1,4 @@
-"""Which GGML type each tensor of a synthetic model gets: llama.cpp's Q4_K_M rules, or one uniform type.
+"""Which GGML type each tensor of a synthetic model gets: llama.cpp's Q4_K_M or MXFP4_MOE rules, or one uniform type.
 
 Follows `llama_tensor_get_type` (src/llama-quant.cpp) for LLAMA_FTYPE_MOSTLY_Q4_K_M, including the
 fallbacks for rows that are not whole blocks. 1-D tensors and the MoE router stay F32, as llama-quantize does.
@@ -10,7 +10,7 @@ from gguf_io.ggml_types import GGML_TYPE_IDS, GGML_TYPES
 
 from hybrid.tools.synth.blocks import SUPPORTED_TYPES
 
-MIXES = ("Q4_K_M",) + SUPPORTED_TYPES
+MIXES = ("Q4_K_M", "MXFP4_MOE") + SUPPORTED_TYPES
 # llama.cpp's fallback when ne[0] is not a multiple of the type's block; F16 when that does not fit either
 _FALLBACK = {"Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
@@ -62,4 +62,6 @@ def tensor_type(arch: str, shape, qtype_mix: str, kind: str, il: int, ne: tuple[
         return "F32"
     if qtype_mix == "Q4_K_M":
         return fit_row(_q4_k_m(arch, shape, kind, il, ne[0]), ne[0])
+    if qtype_mix == "MXFP4_MOE":  # llama.cpp's LLAMA_FTYPE_MOSTLY_MXFP4_MOE: expert tensors MXFP4, the rest Q8_0
+        return fit_row("MXFP4" if len(ne) == 3 and ne[2] > 1 else "Q8_0", ne[0])
     return fit_row(qtype_mix, ne[0])
