@@ -178,6 +178,25 @@ def geglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None, f16_t
     return _glu_apply(gate, up, 2 if f16_table else 1, out, "geglu")
 
 
+SWIGLU_OAI_ALPHA = np.float32(1.702)  # llama.cpp's build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE (hard-coded there)
+SWIGLU_OAI_LIMIT = np.float32(7.0)
+
+
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = SWIGLU_OAI_ALPHA,
+               limit: float = SWIGLU_OAI_LIMIT) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU, ggml_compute_forward_swiglu_oai_f32: x = min(gate, limit), y = clamp(up, -limit,
+    limit), x / (1 + exp(-alpha x)) * (y + 1); f32 in, f32 out, same shape. numpy float32 (the experts' GLU of
+    gpt-oss runs op by op, on a few rows of 32..2880 values)."""
+    if gate.shape != up.shape or gate.dtype != np.float32 or up.dtype != np.float32:
+        raise ValueError(f"swiglu_oai: gate and up must be float32 of one shape, found {gate.dtype} {gate.shape} "
+                         f"and {up.dtype} {up.shape}")
+    a, lim = np.float32(alpha), np.float32(limit)
+    x = np.minimum(gate, lim)
+    y = np.clip(up, -lim, lim)
+    with np.errstate(over="ignore"):  # exp overflows to inf for x << 0: x / inf = -0, as in ggml
+        return x / (np.float32(1.0) + np.exp(a * -x)) * (y + np.float32(1.0))
+
+
 def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Softmax over the last axis: x (..., n) f32 -> f32, same shape."""
     if x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] == 0:

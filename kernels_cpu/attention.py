@@ -3,7 +3,8 @@
 Flash style: one pass over the keys in tiles of TILE, each K/V tile dequantized into an L1-sized float32 buffer,
 with a running max and sum per query (online softmax; no score matrix), float32 accumulation. Masks: causal
 (key position <= query position) and llama.cpp's standard sliding window (is_masked_swa: visible iff
-p_query - p_key < n_swa).
+p_query - p_key < n_swa). Optional attention sinks (gpt-oss): one logit per query head joins the softmax's
+denominator after the last tile, as ggml's CPU flash attention adds it.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from numba import njit, prange
 from .kv_cache import F16_TO_F32, KVCacheLayer, dequantize_rows_into, kv_type_code, kv_views
 
 TILE = 32  # keys per tile: K/V tiles of TILE x head_dim f32 stay in L1
+NO_SINKS = np.zeros(0, dtype=np.float32)  # the kernel's `sinks` when there are none (one array type: one compile)
 
 
 @njit(cache=True, fastmath=True, parallel=True)
 def _attention_kernel(q, kf, k16, k8, ki8, vf, v16, v8, vi8, code_k, code_v, positions, n_kv, scale, n_swa,
-                      softcap, hpi, lut, out):
-    # q (n_tok, n_head, dk) f32; K and V as kv_views of u8 (n_ctx, n_head_kv, row_bytes); positions (n_tok,) int32
-    # -> out (n_tok, n_head, dv) f32. A work item is (token, kv head, hpi query heads of its GQA group).
+                      softcap, hpi, lut, sinks, out):
+    # q (n_tok, n_head, dk) f32; K and V as kv_views of u8 (n_ctx, n_head_kv, row_bytes); positions (n_tok,) int32;
+    # sinks (n_head,) f32 or (0,) for none -> out (n_tok, n_head, dv) f32. A work item is (token, kv head, hpi
+    # query heads of its GQA group).
     n_tok, n_head, dk = q.shape
     n_head_kv = k8.shape[1]
     group = n_head // n_head_kv  # GQA: query head h reads kv head h // group
@@ -69,7 +72,18 @@ def _attention_kernel(q, kf, k16, k8, ki8, vf, v16, v8, vi8, code_k, code_v, pos
                 s_sum[a] = ssum
                 m[a] = m_new
         for a in range(hpi):
-            inv = np.float32(1.0) / s_sum[a] if s_sum[a] > 0 else np.float32(0.0)
+            ssum = s_sum[a]
+            sink_scale = np.float32(1.0)
+            if sinks.shape[0] > 0 and hi >= lo:  # ggml: the sink joins the sum (and the max, if above it)
+                sk = sinks[h0 + a]
+                if sk > m[a]:
+                    sink_scale = np.exp(m[a] - sk)
+                    ssum = ssum * sink_scale + np.float32(1.0)
+                else:
+                    ssum = ssum + np.exp(sk - m[a])
+            inv = np.float32(1.0) / ssum if ssum > 0 else np.float32(0.0)
+            if sink_scale != np.float32(1.0):
+                inv = inv * sink_scale
             for j in range(dv):
                 out[t, h0 + a, j] = acc[a, j] * inv
 
@@ -87,12 +101,14 @@ def _heads_per_item(n_tok: int, n_head_kv: int, n_head: int) -> int:
 
 
 def attention(q: np.ndarray, layer: KVCacheLayer, positions: np.ndarray, scale: float, n_swa: int = 0,
-              softcap: float = 0.0, n_kv: int | None = None, out: np.ndarray | None = None) -> np.ndarray:
+              softcap: float = 0.0, n_kv: int | None = None, out: np.ndarray | None = None,
+              sinks: np.ndarray | None = None) -> np.ndarray:
     """q (n_tok, n_head, head_dim_k) f32 at positions (n_tok,) -> (n_tok, n_head, head_dim_v) f32.
 
     softmax(softcap(scale * q.k)) . v over cache cells [0, n_kv) with the causal and, when n_swa > 0, the
     sliding-window masks; softcap 0 = none; n_kv defaults to max(positions) + 1. The batch's own K/V must
-    already be stored (kv_store). GQA: query head h reads kv head h // (n_head // n_head_kv).
+    already be stored (kv_store). GQA: query head h reads kv head h // (n_head // n_head_kv). sinks (n_head,)
+    f32: head h's weights are exp(s) / (sum exp(s') + exp(sinks[h])) (the sink has no value); None = none.
     """
     if q.dtype != np.float32 or q.ndim != 3:
         raise ValueError(f"attention: q must be 3-D float32 (n_tok, n_head, head_dim), found {q.dtype} {q.shape}")
@@ -111,6 +127,12 @@ def attention(q: np.ndarray, layer: KVCacheLayer, positions: np.ndarray, scale: 
         raise ValueError(f"attention: n_kv must lie in [0, {layer.n_ctx}], found {n_kv}")
     if n_tok and positions.min() < 0:
         raise ValueError(f"attention: positions must be >= 0, found {positions.min()}")
+    if sinks is None:
+        sinks = NO_SINKS
+    else:  # a writable contiguous copy (n_head values): the one array type the kernel is compiled for
+        sinks = np.array(sinks, dtype=np.float32).reshape(-1)
+        if sinks.shape[0] != n_head or not np.all(np.isfinite(sinks)):
+            raise ValueError(f"attention: sinks must be {n_head} finite float32 values, found {sinks.shape[0]}")
     if out is None:
         out = np.empty((n_tok, n_head, layer.head_dim_v), dtype=np.float32)
     elif out.shape != (n_tok, n_head, layer.head_dim_v) or out.dtype != np.float32:
@@ -119,5 +141,5 @@ def attention(q: np.ndarray, layer: KVCacheLayer, positions: np.ndarray, scale: 
     _attention_kernel(q, *kv_views(layer.k, layer.type_k), *kv_views(layer.v, layer.type_v),
                       kv_type_code(layer.type_k), kv_type_code(layer.type_v), positions, n_kv, np.float32(scale),
                       int(n_swa), np.float32(softcap), _heads_per_item(n_tok, layer.n_head_kv, n_head), F16_TO_F32,
-                      out)
+                      sinks, out)
     return out

@@ -86,7 +86,7 @@ class KVCacheLayer:
 
     @property
     def nbytes(self) -> int:
-        return self.k.nbytes + self.v.nbytes
+        return self.k.nbytes + (0 if self.v is self.k else self.v.nbytes)  # MLA: v is k
 
 
 def alloc_kv_layer(n_ctx: int, n_head_kv: int, head_dim_k: int, head_dim_v: int | None = None,

@@ -44,9 +44,10 @@ I32_1, I64_1 = _c(I32, 1), _c(I64, 1)
 KV_VIEWS = (F32_3, _c(nt.uint16, 3), U8_3, _c(nt.int8, 3))  # kv_cache.kv_views of one cache tensor
 MATS = nt.Tuple((nt.UniTuple(RAW_2, 3), I64_1, I64_1))  # fused_layer.int_dots' (weights, kinds, families)
 
-_LEGACY_DOT2 = ("q4_0", "q5_0", "q8_0", "iq4_nl")
+_LEGACY_DOT2 = ("q4_0", "q5_0", "q8_0", "iq4_nl", "mxfp4")
 _LEGACY_DOT2_MIN = ("q4_1", "q5_1")  # with block_q8_1's sums
 _K_DOT2 = ("q4_k", "q6_k", "q5_k", "q2_k", "q3_k", "iq4_xs")
+_IQ_DOT2 = ("iq2_xxs", "iq2_xs", "iq2_s", "iq3_xxs", "iq3_s", "iq1_s", "iq1_m")  # vec_dot_iq, Q8_K activations
 _ROWS_LEGACY = (I64, RAW_1, I64, I64, I64, I8_1, F32_1, F32_1, F32_1, I64)
 _ROWS_K = (I64, RAW_1, I64, I64, I64, I8_1, F32_1, I16_1, F32_1, I64)
 _DRIVER = (RAW_2, RAW_2, RAW_2, I64, I64, I64)  # three weights and their type codes
@@ -70,8 +71,10 @@ def _kernels() -> tuple[Kernel, ...]:
         # integer dots, K-quants (Q8_K activations)
         Kernel("kernels_cpu.q4_k_x8", "dot8_q4_k_x8", (RAW_1, I64, I8_1, F32_1, I16_1, I64, F32_1, I64)),
         *(Kernel("kernels_cpu.vec_dot_k", f"dot2_{t}", (RAW_1, I64, I64, I8_1, F32_1, I16_1, I64)) for t in _K_DOT2),
+        *(Kernel("kernels_cpu.vec_dot_iq", f"dot2_{t}", (RAW_1, I64, I64, I8_1, F32_1, I16_1, I64)) for t in _IQ_DOT2),
+        Kernel("kernels_cpu.vec_dot_iq", "rows_dot", _ROWS_K, tuple(f"vec_dot_iq.dot2_{t}" for t in _IQ_DOT2)),
         Kernel("kernels_cpu.vec_dot_k", "rows_dot", _ROWS_K,
-               ("q4_k_x8.dot8_q4_k_x8", *(f"vec_dot_k.dot2_{t}" for t in _K_DOT2))),
+               ("q4_k_x8.dot8_q4_k_x8", *(f"vec_dot_k.dot2_{t}" for t in _K_DOT2), "vec_dot_iq.rows_dot")),
         Kernel("kernels_cpu.vec_dot_k", "matmul_q8_k_act",
                (*_DRIVER, I8_2, F32_2, I16_2, F32_2, F32_2, F32_2, *_TASKS), ("vec_dot_k.rows_dot",)),
         Kernel("kernels_cpu.act_quant", "quantize_q8_k_rows", (F32_2, I8_2, F32_2, I16_2)),
@@ -95,7 +98,7 @@ def _kernels() -> tuple[Kernel, ...]:
                ("kv_cache._store_rows",)),
         Kernel("kernels_cpu.kv_cache", "dequantize_rows_into", (*KV_VIEWS, I64, I64, I64, I64, F32_1, F32_2)),
         Kernel("kernels_cpu.attention", "_attention_kernel",
-               (F32_3, *KV_VIEWS, *KV_VIEWS, I64, I64, I32_1, I64, F32, I64, F32, I64, F32_1, F32_3),
+               (F32_3, *KV_VIEWS, *KV_VIEWS, I64, I64, I32_1, I64, F32, I64, F32, I64, F32_1, F32_1, F32_3),
                ("kv_cache.dequantize_rows_into",)),
         *(Kernel("kernels_cpu.activations", n, (F32_1, F32_1, I64, F32_1, F32_1)) for n in ("_glu_serial", "_glu_par")),
         Kernel("kernels_cpu.activations", "glu_rows", (F32_1, F32_1, I64, F32_1, F32_1),

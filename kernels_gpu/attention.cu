@@ -2,6 +2,9 @@
 // no score matrix), reading the cache rows in their stored type: code 0 f32, 1 f16, 2 q8_0, 3 q4_0
 // (block_q8_0: d fp16, qs[32] int8; block_q4_0: d fp16, qs[16] nibbles, element j low / j + 16 high of qs[j]).
 // Masks: key c is visible to a query at position p iff c <= p and (n_swa == 0 or p - c < n_swa).
+// Attention sinks (gpt-oss; sinks != nullptr): head h's logit sinks[h] joins the softmax's sum (no value row), as
+// ggml's flash attention folds it in after the last key: out = A / (S + exp(sink - M)) with the max M raised to the
+// sink where it is above (sink_inv). sinks == nullptr keeps the plain A / S.
 //
 // A CTA (4 warps) takes one token, HPC query heads of one GQA group (which share the K/V rows) and one split
 // of the keys; lane l holds elements [l*E, l*E + E) of a row (head_dim = 32 E). Each warp runs its own online
@@ -11,6 +14,18 @@
 // positions on the device, so a CUDA graph captured once (grid fixed by the cache size) serves every position.
 
 #define ATT_WARPS 4
+
+// 1 / the softmax denominator of a row (running max M, sum S) with head h's sink logit folded in, times the factor
+// its accumulator A needs when the sink raises the max: out = A * sink_inv(...). 0 for a row that saw no key.
+__device__ __forceinline__ float sink_inv(float M, float S, const float* __restrict__ sinks, int h) {
+    if (!(S > 0.0f) || M == NEG_INF) return 0.0f;
+    const float sk = sinks[h];
+    if (sk > M) {
+        const float f = expf(M - sk);
+        return f / (S * f + 1.0f);
+    }
+    return 1.0f / (S + expf(sk - M));
+}
 
 // row elements [lane*E, lane*E + E) of a cache row of type `code`, as float32
 template <int E>
@@ -66,7 +81,7 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u8*
                                           float* __restrict__ out, float* __restrict__ part_ms,
                                           float* __restrict__ part_acc, int n_head, int n_head_kv, int code_k,
                                           int code_v, int rbk, int rbv, int n_kv, int chunk, int n_splits,
-                                          float scale, int n_swa) {
+                                          float scale, int n_swa, const float* __restrict__ sinks) {
     constexpr int D = 32 * E;
     constexpr int U = E >= 8 ? 2 : 4;  // keys a warp has in flight
     __shared__ float s_m[ATT_WARPS][HPC], s_s[ATT_WARPS][HPC];
@@ -182,7 +197,11 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u8*
         }
         const size_t oh = (size_t)t * n_head + h0 + g;  // (token, head)
         if (n_splits == 1) {
-            out[oh * D + j] = S > 0.0f ? A / S : 0.0f;
+            if (sinks) {
+                out[oh * D + j] = A * sink_inv(M, S, sinks, h0 + g);
+            } else {
+                out[oh * D + j] = S > 0.0f ? A / S : 0.0f;
+            }
         } else {
             part_acc[(oh * n_splits + split) * D + j] = A;
             if (j == 0) {
@@ -193,9 +212,10 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u8*
     }
 }
 
-// merge the splits of one (token, head): grid n_tok * n_head, D threads
+// merge the splits of one (token, head): grid n_tok * n_head, D threads; sinks (n_head,) or nullptr
 extern "C" __global__ void attn_combine(const float* __restrict__ part_ms, const float* __restrict__ part_acc,
-                                        float* __restrict__ out, int n_splits, int D) {
+                                        float* __restrict__ out, int n_splits, int D,
+                                        const float* __restrict__ sinks, int n_head) {
     const size_t oh = blockIdx.x;
     const int j = threadIdx.x;
     if (j >= D) return;
@@ -210,7 +230,11 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ms, const
             A += part_acc[(oh * n_splits + s) * D + j] * f;
         }
     }
-    out[oh * D + j] = S > 0.0f ? A / S : 0.0f;
+    if (sinks) {
+        out[oh * D + j] = A * sink_inv(M, S, sinks, (int)(oh % n_head));
+    } else {
+        out[oh * D + j] = S > 0.0f ? A / S : 0.0f;
+    }
 }
 
 #define ATTN_ENTRY(E, HPC)                                                                                    \
@@ -218,13 +242,14 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ms, const
         const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,                    \
         const i32* __restrict__ pos, float* __restrict__ out, float* __restrict__ part_ms,                    \
         float* __restrict__ part_acc, int n_head, int n_head_kv, int code_k, int code_v, int rbk, int rbv,    \
-        int n_kv, int chunk, int n_splits, float scale, int n_swa, int indirect) {                            \
+        int n_kv, int chunk, int n_splits, float scale, int n_swa, int indirect,                               \
+        const float* __restrict__ sinks) {                                                                    \
         if (indirect) { /* kc, vc: slots holding the cache's addresses (graph replays over another cache) */  \
             kc = *(const u8* const*)kc;                                                                       \
             vc = *(const u8* const*)vc;                                                                       \
         }                                                                                                     \
         attn_body<E, HPC>(q, kc, vc, pos, out, part_ms, part_acc, n_head, n_head_kv, code_k, code_v, rbk, rbv, \
-                          n_kv, chunk, n_splits, scale, n_swa);                                               \
+                          n_kv, chunk, n_splits, scale, n_swa, sinks);                                        \
     }
 
 // One kernel per compiled module: attention.py builds the module with -DATT_E=E -DATT_HPC=HPC for the variant a
@@ -288,7 +313,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
                                                   const u8* __restrict__ vc, const i32* __restrict__ pos,
                                                   float* __restrict__ out, int n_tok, int n_head, int n_head_kv,
                                                   int code_k, int code_v, int rbk, int rbv, int n_kv, float scale,
-                                                  int n_swa) {
+                                                  int n_swa, const float* __restrict__ sinks) {
     constexpr int BQ = ATTP_BQ, BK = ATTP_BK, NJ = D / 64, PS = BK + 4;  // PS: sP row stride
     constexpr int KREG = D * BK > BQ * PS ? D * BK : BQ * PS;
     extern __shared__ float4 attp_smem4[];
@@ -456,6 +481,16 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
         const int gr = r0 + ty * 4 + i;
         if (gr < n_rows) {
             float* orow = out + ((size_t)(gr / G) * n_head + hk * G + gr % G) * D;
+            if (sinks) {  // m[i]: the row's max (reduced over its 16 lanes), ls: its sum
+                const float inv = sink_inv(m[i], ls, sinks, hk * G + gr % G);
+#pragma unroll
+                for (int jj = 0; jj < NJ; ++jj) {
+                    const float4 a = make_float4(acc[i][jj * 4 + 0] * inv, acc[i][jj * 4 + 1] * inv,
+                                                 acc[i][jj * 4 + 2] * inv, acc[i][jj * 4 + 3] * inv);
+                    *(float4*)(orow + jj * 64 + tx * 4) = a;
+                }
+                continue;
+            }
 #pragma unroll
             for (int jj = 0; jj < NJ; ++jj) {
                 float4 a;
@@ -473,13 +508,14 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
     extern "C" __global__ void __launch_bounds__(ATTP_THREADS, MINB) attn_prefill_d##D(                        \
         const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,                      \
         const i32* __restrict__ pos, float* __restrict__ out, int n_tok, int n_head, int n_head_kv, int code_k, \
-        int code_v, int rbk, int rbv, int n_kv, float scale, int n_swa, int indirect) {                         \
+        int code_v, int rbk, int rbv, int n_kv, float scale, int n_swa, int indirect,                          \
+        const float* __restrict__ sinks) {                                                                      \
         if (indirect) {                                                                                         \
             kc = *(const u8* const*)kc;                                                                         \
             vc = *(const u8* const*)vc;                                                                         \
         }                                                                                                       \
         attn_prefill_body<D>(q, kc, vc, pos, out, n_tok, n_head, n_head_kv, code_k, code_v, rbk, rbv, n_kv,     \
-                             scale, n_swa);                                                                     \
+                             scale, n_swa, sinks);                                                              \
     }
 #define ATTP_ENTRY_X(D, MINB) ATTP_ENTRY(D, MINB)
 ATTP_ENTRY_X(ATTP_D, (ATTP_D <= 128 ? 2 : 1))

@@ -2,7 +2,8 @@
 
 The keys are split across CTAs when (tokens x kv heads) alone would leave the GPU idle (decode), and the splits'
 partial softmax states are merged by attn_combine (flash-decoding). Batches of PREFILL_MIN_TOK tokens or more
-go to attn_prefill_d* (64-row query tiles x 64-key tiles in shared memory) when head_dim allows it.
+go to attn_prefill_d* (64-row query tiles x 64-key tiles in shared memory) when head_dim allows it. Every kernel
+takes optional attention sinks (gpt-oss: one logit per query head in the softmax's denominator).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ def _heads_per_cta(group: int, e: int) -> int:
 
 def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_swa: int = 0, out=None,
               target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK, dynamic: bool = False,
-              slots: tuple[int, int] | None = None, prefill: bool | None = None):
+              slots: tuple[int, int] | None = None, prefill: bool | None = None, sinks=None):
     """q (n_tok, n_head, head_dim) f32 (cupy) at positions (cupy int32 (n_tok,)) over cache cells [0, n_kv)
     -> (n_tok, n_head, head_dim) f32: softmax(scale q.k) v with causal and sliding-window (n_swa > 0) masks.
     The batch's own K/V must be stored first. head_dim_k must equal head_dim_v (a multiple of 32, <= 256).
@@ -54,7 +55,8 @@ def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_s
     values the kernel reads from the device to size its key chunks (ascending positions): one CUDA graph
     captured with it is right for every position. slots: as kv_cache.kv_store's (the cache read through them).
     prefill: True / False force the tiled prefill kernel / the flash-decoding kernel; None picks the prefill
-    kernel for n_tok >= PREFILL_MIN_TOK (not dynamic, head_dim in ATTP_D)."""
+    kernel for n_tok >= PREFILL_MIN_TOK (not dynamic, head_dim in ATTP_D). sinks: (n_head,) f32 (cupy, or numpy
+    copied over) or None: head h's weights are exp(s) / (sum exp(s') + exp(sinks[h]))."""
     import cupy  # noqa: PLC0415
 
     if not isinstance(q, cupy.ndarray) or q.dtype != cupy.float32 or q.ndim != 3:
@@ -70,6 +72,13 @@ def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_s
         raise ValueError(f"attention: n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})")
     if not 0 <= n_kv <= layer.n_ctx:
         raise ValueError(f"attention: n_kv must lie in [0, {layer.n_ctx}], found {n_kv}")
+    if sinks is None:
+        sink_ptr = np.uint64(0)  # nullptr: the plain softmax
+    else:
+        sinks = cupy.ascontiguousarray(cupy.asarray(sinks, dtype=cupy.float32)).reshape(-1)
+        if sinks.shape[0] != n_head:
+            raise ValueError(f"attention: sinks must hold {n_head} values (one per query head), found {sinks.shape[0]}")
+        sink_ptr = sinks
     if out is None:
         out = cupy.empty((n_tok, n_head, d), dtype=cupy.float32)
     if n_tok == 0:
@@ -87,7 +96,7 @@ def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_s
         fn((n_tiles, n_head_kv), (ATTP_THREADS,),
            (q, kc, vc, positions, out, i32(n_tok), i32(n_head), i32(n_head_kv), i32(kv_type_code(layer.type_k)),
             i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]), i32(layer.v.shape[2]), i32(n_kv),
-            np.float32(scale), i32(n_swa), i32(slots is not None)), shared_mem=smem)
+            np.float32(scale), i32(n_swa), i32(slots is not None), sink_ptr), shared_mem=smem)
         return out
     e = d // 32
     group = n_head // n_head_kv
@@ -111,7 +120,8 @@ def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_s
        (q, kc, vc, positions, out, part_ms, part_acc, i32(n_head), i32(n_head_kv),
         i32(kv_type_code(layer.type_k)), i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]),
         i32(layer.v.shape[2]), i32(n_kv), i32(chunk), i32(n_splits), np.float32(scale), i32(n_swa),
-        i32(slots is not None)))
+        i32(slots is not None), sink_ptr))
     if n_splits > 1:
-        get_kernel("attention", "attn_combine")((n_tok * n_head,), (d,), (part_ms, part_acc, out, i32(n_splits), i32(d)))
+        get_kernel("attention", "attn_combine")((n_tok * n_head,), (d,), (part_ms, part_acc, out, i32(n_splits), i32(d),
+                                                                         sink_ptr, i32(n_head)))
     return out

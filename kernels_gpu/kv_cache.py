@@ -41,7 +41,7 @@ class GpuKVCacheLayer:
 
     @property
     def nbytes(self) -> int:
-        return int(self.k.nbytes + self.v.nbytes)
+        return int(self.k.nbytes + (0 if self.v is self.k else self.v.nbytes))  # MLA: v is k
 
 
 def alloc_kv_layer(n_ctx: int, n_head_kv: int, head_dim_k: int, head_dim_v: int | None = None,

@@ -21,7 +21,16 @@ FIELDS = {
     "attention.layer_norm_rms_epsilon": "f_norm_rms_eps", "attention.key_length": "n_embd_head_k",
     "attention.value_length": "n_embd_head_v", "expert_count": "n_expert", "expert_used_count": "n_expert_used",
     "expert_feed_forward_length": "n_ff_exp", "general.file_type": "file_type",
+    "leading_dense_block_count": "n_layer_dense_lead", "expert_shared_count": "n_expert_shared",
+    "expert_weights_scale": "expert_weights_scale", "expert_weights_norm": "expert_weights_norm",
+    "expert_group_count": "n_expert_groups", "expert_group_used_count": "n_group_used",
+    "attention.q_lora_rank": "n_lora_q", "attention.kv_lora_rank": "n_lora_kv",
+    "attention.key_length_mla": "n_embd_head_k_mla", "attention.value_length_mla": "n_embd_head_v_mla",
+    "rope.scaling.original_context_length": "n_ctx_orig_yarn", "attention.sliding_window": "n_swa",
 }
+# keys whose value the config turns into something else (checked on their own below)
+DERIVED = {"expert_gating_func", "rope.scaling.type", "rope.scaling.factor", "rope.scaling.yarn_log_multiplier"}
+SECOND_ROUND = ("glm4moe", "deepseek2", "gpt-oss")
 
 
 def _manifest() -> dict:
@@ -40,10 +49,13 @@ def test_fixture_config_matches_manifest(name):
     c = ModelConfig.from_gguf(open_gguf(ARCH_DIR / name))
     assert c.arch == arch
     for key, expected in entry["hparams"].items():
-        if key.startswith("synthetic."):
+        if key.startswith("synthetic.") or key.removeprefix(f"{arch}.") in DERIVED:
             continue
         field = FIELDS[key.removeprefix(f"{arch}.")]
         assert getattr(c, field) == expected, (key, field)
+    if arch in SECOND_ROUND:
+        _second_round(c, arch)
+        return
     # README: 32000 tokens, tied embeddings, no sliding window, no RoPE scaling
     assert (c.n_vocab, c.tied_output, c.n_swa, c.rope_freq_scale) == (32000, True, 0, 1.0)
     assert c.swa_layers == (False,) * c.n_layer and c.rope_freq_base_swa == c.rope_freq_base
@@ -53,6 +65,27 @@ def test_fixture_config_matches_manifest(name):
     assert c.f_attention_scale == pytest.approx(1 / math.sqrt(head))
     assert c.n_gqa == 2 and c.n_embd_k_gqa == 2 * head
     assert (c.attn_logit_softcapping, c.final_logit_softcapping) == (None, None)
+
+
+def _second_round(c: ModelConfig, arch: str) -> None:
+    """The fixture README's glm4moe, deepseek2 and gpt-oss parameters, the derived ones included."""
+    if arch == "gpt-oss":
+        _gpt_oss(c)
+        return
+    assert (c.n_vocab, c.tied_output, c.n_swa, c.n_layer, c.n_layer_nextn) == (32000, True, 0, 4, 0)
+    assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_expert_shared, c.n_layer_dense_lead) == (8, 2, 32, 1, 1)
+    assert (c.expert_gating_func, c.expert_weights_norm, c.expert_weights_scale) == ("sigmoid", True, 2.5)
+    if arch == "glm4moe":
+        assert (c.rope_type, c.n_rot, c.n_embd_head_k, c.rope_freq_scale, c.rope_yarn) == ("neox", 32, 64, 1.0, None)
+        assert c.f_attention_scale == 1 / 8 and (c.n_expert_groups, c.n_lora_kv) == (0, 0)
+        return
+    assert (c.rope_type, c.n_rot, c.n_head_kv, c.n_embd_head_k, c.n_embd_head_v) == ("norm", 32, 1, 96, 64)
+    assert (c.n_expert_groups, c.n_group_used, c.n_lora_q, c.n_lora_kv) == (2, 1, 64, 64)
+    assert c.rope_freq_scale == 1 / 40 and c.rope_scaling_type == "yarn"
+    ext, attn, lo, hi = c.rope_yarn
+    mscale = 1 + 0.1 * math.log(40)  # the rotation's factor is cancelled: attn_factor * mscale == 1
+    assert (ext, lo, hi) == (1.0, 5.0, 12.0) and attn * mscale == pytest.approx(1, abs=1e-6)
+    assert c.f_attention_scale == pytest.approx(mscale**2 / 8, rel=1e-6)  # the README's 0.23423
 
 
 def test_gemma3_270m():
@@ -87,8 +120,20 @@ def test_tiny_models(tmp_path, arch):
     assert c.n_swa == (16 if arch == "gemma3" else 0)
 
 
+def _gpt_oss(c: ModelConfig) -> None:
+    """gpt-oss: untied output, SWA on the even layers (llama.cpp's default pattern 2), YaRN x32 on all 64 dims with
+    the rotation's magnitude 1 + 0.1 ln 32 left in (attn_factor 1), softmax over the selected logits."""
+    assert (c.n_vocab, c.tied_output, c.n_swa, c.swa_layers) == (32000, False, 32, (True, False, True, False))
+    assert (c.n_expert, c.n_expert_used, c.n_ff_exp, c.n_expert_shared, c.n_layer_dense_lead) == (8, 4, 32, 0, 0)
+    assert (c.expert_gating_func, c.expert_weights_norm, c.expert_weights_scale) == ("softmax_weight", False, 0.0)
+    assert (c.rope_type, c.n_rot, c.n_head_kv, c.n_embd_head_k, c.f_attention_scale) == ("neox", 64, 1, 64, 1 / 8)
+    assert c.rope_freq_scale == c.rope_freq_scale_swa == 1 / 32 and c.rope_freq_base_swa == c.rope_freq_base
+    assert c.rope_yarn == (1.0, 1.0, 8.0, 18.0)
+
+
 def test_unknown_architecture(tmp_path):
-    with pytest.raises(UnsupportedArchitecture, match=r"'mamba'.*gemma3, llama, qwen2, qwen3, qwen3moe"):
+    supported = r"'mamba'.*deepseek2, gemma3, glm4moe, gpt-oss, llama, qwen2, qwen3, qwen3moe"
+    with pytest.raises(UnsupportedArchitecture, match=supported):
         _config(tmp_path, "mamba")
 
 

@@ -50,15 +50,18 @@ class CpuBackend:
             return None
         return self._moe(spec, cfg, lw, h)
 
-    def _tables(self, positions: np.ndarray, n_rot: int, base: float, scale: float) -> rope.RopeTables:
-        """cos/sin of positions (int32), computed once per batch of positions and rope parameters."""
+    def _tables(self, positions: np.ndarray, n_rot: int, base: float, scale: float,
+                yarn: tuple | None = None) -> rope.RopeTables:
+        """cos/sin of positions (int32), computed once per batch of positions and rope parameters (yarn: see
+        rope)."""
         key_pos = positions.tobytes()
         if key_pos != self._rope_positions:
             self._rope_positions, self._rope_tables = key_pos, {}
-        key = (n_rot, base, scale)
+        key = (n_rot, base, scale, yarn)
         tables = self._rope_tables.get(key)
         if tables is None:
-            tables = self._rope_tables[key] = rope.rope_tables(positions, n_rot, base, scale)
+            ext = {} if yarn is None else dict(ext_factor=yarn[0], attn_factor=yarn[1], corr_dims=yarn[2:])
+            tables = self._rope_tables[key] = rope.rope_tables(positions, n_rot, base, scale, **ext)
         return tables
 
     def matmul(self, w: Weight, x: np.ndarray) -> np.ndarray:
@@ -84,10 +87,11 @@ class CpuBackend:
     def rms_norm_heads(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         return norm.rms_norm_heads(np.ascontiguousarray(x, dtype=np.float32), w, eps)
 
-    def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, scale: float, mode: str) -> np.ndarray:
+    def rope(self, x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, scale: float, mode: str,
+             yarn: tuple | None = None) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         positions = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
-        return rope.rope_apply(x, self._tables(positions, n_rot, base, scale), mode, out=x)
+        return rope.rope_apply(x, self._tables(positions, n_rot, base, scale, yarn), mode, out=x)
 
     def scale(self, x: np.ndarray, s: float) -> np.ndarray:
         return x * np.float32(s)
@@ -95,6 +99,8 @@ class CpuBackend:
     def glu(self, gate: np.ndarray, up: np.ndarray, act: str) -> np.ndarray:
         if act == "silu":
             return activations.swiglu(gate, up)
+        if act == "swiglu_oai":
+            return activations.swiglu_oai(np.asarray(gate, dtype=np.float32), np.asarray(up, dtype=np.float32))
         # llama.cpp's CPU GELU goes through an fp16 lookup table; so do we, to track its outputs.
         return activations.geglu(gate, up, f16_table=True)
 
@@ -104,8 +110,12 @@ class CpuBackend:
     def kv_store(self, kv, il: int, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
         kv_cache.kv_store(kv.layers[il], positions, k, v)
 
-    def attention(self, q: np.ndarray, kv, il: int, positions: np.ndarray, scale: float, n_swa: int) -> np.ndarray:
-        return attention.attention(np.ascontiguousarray(q), kv.layers[il], positions, scale, n_swa)
+    def attention(self, q: np.ndarray, kv, il: int, positions: np.ndarray, scale: float, n_swa: int,
+                  sinks: np.ndarray | None = None) -> np.ndarray:
+        if sinks is None:
+            return attention.attention(np.ascontiguousarray(q), kv.layers[il], positions, scale, n_swa)
+        return attention.attention(np.ascontiguousarray(q), kv.layers[il], positions, scale, n_swa,
+                                   sinks=np.asarray(sinks, dtype=np.float32))
 
     def take_rows(self, x: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """x[rows] as a contiguous (len(rows), n) array; rows is a host int64 array."""

@@ -81,10 +81,11 @@ class _Layer:
 
 def fusable(spec: ArchSpec, lw, n_tok: int) -> bool:
     """Whether the attention part of a layer of n_tok tokens can take the fused path: a batch below the float GEMM's
-    threshold (the integer dots) and q, k, v and the output projection of integer-dot types."""
-    if not 0 < n_tok < GEMM_MIN_TOKENS:
-        return False
-    return all(lw[n].type_name in _FAMILY and lw[n].raw.ndim == 2 for n in _MATRICES)
+    threshold (the integer dots), q, k, v and the output projection of integer-dot types, and neither attention
+    sinks nor an output bias (gpt-oss: attention_half has neither)."""
+    if not 0 < n_tok < GEMM_MIN_TOKENS or spec.attn_sinks or spec.o_bias or spec.mla:
+        return False  # (an MLA layer has no attn_q/k/v: deepseek2's decode on the CPU goes op by op)
+    return all(n in lw and lw[n].type_name in _FAMILY and lw[n].raw.ndim == 2 for n in _MATRICES)
 
 
 def ffn_fusable(spec: ArchSpec, lw) -> bool:

@@ -41,12 +41,13 @@ def cpu_kernel_keys(spec: ArchSpec, layers: Iterable[dict[str, Weight]], output:
     matrices: list[Weight] = []
     for lw in layers:
         keys.add(sig.ROPE_TABLES)
-        if fusable(spec, lw, 1):
+        fused = not spec.mla and fusable(spec, lw, 1)  # MLA (deepseek2) runs its attention op by op
+        if fused:
             keys.add(sig.FUSED_ATTENTION)
         else:
             keys.update(_OP_BY_OP)
-            keys |= _products(lw[n] for n in _MATRICES)
-        if fusable(spec, lw, 1) and ffn_fusable(spec, lw):
+            keys |= _products(w for n, w in lw.items() if n.startswith("attn_") and w.raw.ndim >= 2)
+        if fused and ffn_fusable(spec, lw):
             keys.add(sig.FUSED_FFN)
         elif not spec.moe:
             keys.update((sig.RMS_NORM, "activations.glu_rows"))

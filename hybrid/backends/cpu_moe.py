@@ -12,7 +12,8 @@ from kernels_cpu.fused_layer import FAM_LEGACY
 from kernels_cpu.matmul import GEMM_MIN_TOKENS, _kernel, matmul
 
 from hybrid.backends.cpu_fused import _FAMILY, _GLU_OP, _vec
-from hybrid.model.arch.spec import ArchSpec
+from hybrid.model.arch.moe import fused_moe_ok
+from hybrid.model.arch.spec import SHARED_EXPERT, ArchSpec
 
 _EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 _WITH_MIN = (vec_dot_legacy.Q4_1, vec_dot_legacy.Q5_1)  # legacy kinds whose GEMM adds a numpy min term
@@ -49,7 +50,7 @@ _NO_ROUTER = _read_only(np.empty((0, 0), dtype=np.float32))  # logits given: the
 def moe_fusable(spec: ArchSpec, lw) -> bool:
     """Whether a layer's MoE FFN has a fused form: a GLU of CpuBackend's, and host expert tensors of the
     integer-dot types (float experts, F16/BF16/F32, go op by op)."""
-    if not spec.moe or spec.ffn_act not in _GLU_OP:
+    if not spec.moe or spec.ffn_act not in _GLU_OP or not all(n in lw for n in _EXPERTS):
         return False
     ws = [lw[n] for n in _EXPERTS]
     return all(w.type_name in _FAMILY and isinstance(w.raw, np.ndarray) and w.raw.ndim == 3 for w in ws)
@@ -80,7 +81,9 @@ class FusedMoE:
     def _layer(self, spec: ArchSpec, cfg, lw) -> _MoeLayer | None:
         hit = self._layers.get(id(lw))
         if hit is None or hit[0] is not lw:
-            hit = self._layers[id(lw)] = (lw, _MoeLayer(cfg, lw) if moe_fusable(spec, lw) else None)
+            # routing other than plain softmax (sigmoid, exp_probs_b, groups, a scale) runs op by op
+            ok = moe_fusable(spec, lw) and fused_moe_ok(spec, cfg, lw)
+            hit = self._layers[id(lw)] = (lw, _MoeLayer(cfg, lw) if ok else None)
         return hit[1]
 
     def __call__(self, spec: ArchSpec, cfg, lw, h: np.ndarray) -> np.ndarray | None:
@@ -104,8 +107,8 @@ class FusedMoE:
         in one compiled call for a batch of few tokens and an F32 router; else None (blocks.layer_forward then
         runs it, and the MoE FFN through __call__)."""
         L = self._layer(spec, cfg, lw)
-        if L is None or L.router_f32 is None or not 0 < x.shape[0] < GEMM_MIN_TOKENS:
-            return None
+        if L is None or L.router_f32 is None or not 0 < x.shape[0] < GEMM_MIN_TOKENS or SHARED_EXPERT[0] in lw:
+            return None  # (a shared expert is blocks.moe_ffn's to add)
         return moe.moe_ffn_half(numba.get_num_threads(), np.ascontiguousarray(x, dtype=np.float32),
                                 np.ascontiguousarray(a, dtype=np.float32), L.eps, L.ffn_norm, L.router_f32,
                                 cfg.n_expert_used, spec.moe_norm_weights, L.gate, L.up, L.down, _EMPTY,

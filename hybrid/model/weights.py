@@ -67,6 +67,8 @@ def load_weights(f: GGUFFile, config: ModelConfig) -> ModelWeights:
         if not m:
             continue
         il = int(m.group(1))
+        if config.n_layer <= il < config.n_layer + config.n_layer_nextn:
+            continue  # a NextN/MTP block: llama.cpp's main graph does not run it, so it is not loaded
         if il >= config.n_layer:
             raise GGUFFormatError(f"tensor {name}: layer {il} but the model has {config.n_layer} layers")
         key = m.group(2) if m.group(3) == "weight" else f"{m.group(2)}.bias"

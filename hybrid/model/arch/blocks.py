@@ -9,17 +9,26 @@ import numpy as np
 from gguf_io import ModelConfig
 
 from hybrid.model.weights import Weight
-from hybrid.model.arch.spec import ArchSpec
+from hybrid.model.arch.mla import mla_attention
+from hybrid.model.arch.moe import fused_moe_ok, route_gated, routing
+from hybrid.model.arch.spec import SHARED_EXPERT, ArchSpec, layer_spec
 
 
 def layer_forward(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], il: int,
                   x: np.ndarray, positions: np.ndarray, kv) -> np.ndarray:
     """One transformer block: x (n_tok, n_embd) float32 -> (n_tok, n_embd)."""
     eps = cfg.f_norm_rms_eps
-    a = be.fused_attention(spec, cfg, lw, il, x, positions, kv)
+    spec = layer_spec(spec, cfg, il, lw)  # a leading dense layer of a MoE model runs as a dense one
+    # the fused attention forms know neither MLA nor YaRN, attention sinks nor an output bias
+    plain = not (spec.mla or cfg.rope_yarn or spec.attn_sinks or spec.o_bias)
+    a = be.fused_attention(spec, cfg, lw, il, x, positions, kv) if plain else None
     if a is None:
         h = be.rms_norm(x, lw["attn_norm"].raw, eps)
-        a = attention_block(be, spec, cfg, lw, il, h, positions, kv)
+        if spec.mla:
+            base, fscale, _ = rope_params(cfg, il)
+            a = mla_attention(be, cfg, lw, il, h, positions, kv, (base, fscale, cfg.rope_yarn))
+        else:
+            a = attention_block(be, spec, cfg, lw, il, h, positions, kv)
         if spec.sandwich_norm:
             a = be.rms_norm(a, lw["post_attention_norm"].raw, eps)
     out = be.fused_ffn(spec, cfg, lw, x, a)
@@ -33,9 +42,10 @@ def layer_forward(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], i
 
 
 def rope_params(cfg: ModelConfig, il: int) -> tuple[float, float, int]:
-    """(freq_base, freq_scale, n_swa) of layer il: sliding-window layers have their own base and scale 1."""
+    """(freq_base, freq_scale, n_swa) of layer il: sliding-window layers have their own base and scale (gemma3: 1,
+    gpt-oss: the model's)."""
     if cfg.n_swa and cfg.swa_layers[il]:
-        return cfg.rope_freq_base_swa, 1.0, cfg.n_swa
+        return cfg.rope_freq_base_swa, cfg.rope_freq_scale_swa, cfg.n_swa
     return cfg.rope_freq_base, cfg.rope_freq_scale, 0
 
 
@@ -54,15 +64,19 @@ def attention_block(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight],
         q = be.rms_norm_heads(q, lw["attn_q_norm"].raw, cfg.f_norm_rms_eps)
         k = be.rms_norm_heads(k, lw["attn_k_norm"].raw, cfg.f_norm_rms_eps)
     base, fscale, n_swa = rope_params(cfg, il)
-    q = be.rope(q, positions, cfg.n_rot, base, fscale, cfg.rope_type)
-    k = be.rope(k, positions, cfg.n_rot, base, fscale, cfg.rope_type)
+    q = be.rope(q, positions, cfg.n_rot, base, fscale, cfg.rope_type, cfg.rope_yarn)
+    k = be.rope(k, positions, cfg.n_rot, base, fscale, cfg.rope_type, cfg.rope_yarn)
     kq_scale = cfg.f_attention_scale
     if not spec.q_scale_in_attention:  # gemma3 scales q before attention and uses a unit kq scale
         q = be.scale(q, kq_scale)
         kq_scale = 1.0
     be.kv_store(kv, il, k, v, positions)
-    o = be.attention(q, kv, il, positions, kq_scale, n_swa)  # (n, n_head, hd_v)
-    return be.matmul(lw["attn_output"], o.reshape(n, cfg.n_head * hd_v))
+    if spec.attn_sinks:  # (n, n_head, hd_v)
+        o = be.attention(q, kv, il, positions, kq_scale, n_swa, sinks=lw["attn_sinks"].raw)
+    else:
+        o = be.attention(q, kv, il, positions, kq_scale, n_swa)
+    out = be.matmul(lw["attn_output"], o.reshape(n, cfg.n_head * hd_v))
+    return out + lw["attn_output.bias"].raw if spec.o_bias else out
 
 
 def ffn(be, spec: ArchSpec, lw: dict[str, Weight], h: np.ndarray) -> np.ndarray:
@@ -86,19 +100,44 @@ def route(router_logits: np.ndarray, n_used: int, normalize: bool) -> tuple[np.n
     return ids, w.astype(np.float32)
 
 
+def expert_biases(be, lw: dict[str, Weight], name: str):
+    """The per-expert bias rows of `name` (n_expert, n_out) f32 on be's device (a 2-D F32 tensor is held as raw
+    bytes, as a matrix), or None where the layer has none."""
+    w = lw.get(name)
+    if w is None:
+        return None
+    raw = w.raw if w.raw.dtype != np.uint8 else w.raw.view(np.float32)
+    return be.from_host(raw) if isinstance(raw, np.ndarray) else raw
+
+
 def moe_ffn(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], h: np.ndarray) -> np.ndarray:
-    """Top-k experts per token: the backend's fused form where it has one (Backend.fused_moe), else op by op with
-    the routing on the host and tokens grouped by expert, so each expert's weights are read once per batch."""
-    fused = be.fused_moe(spec, cfg, lw, h)
-    if fused is not None:
-        return fused
-    logits = be.to_host(be.matmul(lw["ffn_gate_inp"], h))  # (n, n_expert), routed on the host
-    ids, w = route(np.asarray(logits, dtype=np.float32), cfg.n_expert_used, spec.moe_norm_weights)
-    out = be.zeros((h.shape[0], cfg.n_embd))
-    for e in np.unique(ids):
-        rows, slot = np.nonzero(ids == e)
-        xe = be.take_rows(h, rows)
-        g, u = be.matmuls((lw["ffn_gate_exps"].expert(int(e)), lw["ffn_up_exps"].expert(int(e))), xe)
-        d = be.matmul(lw["ffn_down_exps"].expert(int(e)), be.glu(g, u, spec.ffn_act))
-        be.scatter_add(out, rows, d, w[rows, slot])
+    """Top-k experts per token, plus the shared expert where the layer has one: the routed experts through the
+    backend's fused form where it has one (Backend.fused_moe; plain softmax routing only), else op by op with the
+    routing on the host and tokens grouped by expert, so each expert's weights are read once per batch."""
+    out = be.fused_moe(spec, cfg, lw, h) if fused_moe_ok(spec, cfg, lw) else None
+    if out is None:
+        logits = np.asarray(be.to_host(be.matmul(lw["ffn_gate_inp"], h)), dtype=np.float32)  # (n, n_expert)
+        if "ffn_gate_inp.bias" in lw:  # gpt-oss
+            logits = logits + np.asarray(be.to_host(lw["ffn_gate_inp.bias"].raw), dtype=np.float32)
+        r = routing(spec, cfg)
+        bias = lw.get("exp_probs_b.bias")
+        if r.plain and bias is None:
+            ids, w = route(logits, cfg.n_expert_used, r.normalize)
+        else:
+            ids, w = route_gated(logits, r, None if bias is None else np.asarray(be.to_host(bias.raw)))
+        out = be.zeros((h.shape[0], cfg.n_embd))
+        bg, bu, bd = (expert_biases(be, lw, f"{t}.bias") for t in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+        for e in np.unique(ids):
+            rows, slot = np.nonzero(ids == e)
+            xe = be.take_rows(h, rows)
+            g, u = be.matmuls((lw["ffn_gate_exps"].expert(int(e)), lw["ffn_up_exps"].expert(int(e))), xe)
+            g = g if bg is None else g + bg[e]
+            u = u if bu is None else u + bu[e]
+            d = be.matmul(lw["ffn_down_exps"].expert(int(e)), be.glu(g, u, spec.ffn_act))
+            if bd is not None:
+                d = d + bd[e]
+            be.scatter_add(out, rows, d, w[rows, slot])
+    if SHARED_EXPERT[0] in lw:
+        g, u = be.matmuls((lw["ffn_gate_shexp"], lw["ffn_up_shexp"]), h)
+        out = out + be.matmul(lw["ffn_down_shexp"], be.glu(g, u, spec.ffn_act))
     return out
