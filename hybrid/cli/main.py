@@ -14,6 +14,7 @@ from hybrid.cli.perplexity import perplexity
 from hybrid.cli.probe import probe
 from hybrid.cli.pull import list_cmd, pull, with_model_names
 from hybrid.cli.run import chat, run as run_cmd
+from hybrid.cli.serve import serve
 from hybrid.cli.tokenize import tokenize
 
 app = typer.Typer(
@@ -38,6 +39,7 @@ app.command()(with_model_names(bench, "bench"))
 app.command()(with_model_names(probe, "probe"))
 app.command()(with_model_names(info, "info"))
 app.command()(with_model_names(tokenize, "tokenize"))
+app.command()(with_model_names(serve, "serve"))
 app.command()(pull)
 app.command(name="list")(list_cmd)
 

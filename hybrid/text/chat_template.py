@@ -53,13 +53,14 @@ class ChatTemplate:
     source: str
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, bos_token: str = "",
-               eos_token: str = "") -> str:
+               eos_token: str = "", **extra) -> str:
+        """The prompt text; `extra` are further template variables (`tools=[…]` for templates that take them)."""
         env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise
         try:
             tpl = env.from_string(self.source)
             return tpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                              bos_token=bos_token, eos_token=eos_token)
+                              bos_token=bos_token, eos_token=eos_token, **extra)
         except jinja2.TemplateError as exc:
             raise HybridError(f"chat template '{self.name}' failed to render: {exc}") from None
 

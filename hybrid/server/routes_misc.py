@@ -1,0 +1,98 @@
+"""The other routes: /health, /v1/models, /props, /tokenize, /detokenize, /apply-template, /metrics and the chat
+page at /."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse
+
+from hybrid.server import metrics as M
+from hybrid.server.prompt import render_chat
+from hybrid.server.responses import error_body
+from hybrid.server.routes import read_json
+from hybrid.server.schemas import BadRequest, parse_chat
+
+
+async def health(request: Request):
+    state = request.app.state.server
+    if not state.ready:
+        return JSONResponse(error_body("Loading model", "unavailable_error", code=503), status_code=503)
+    return JSONResponse({"status": "ok"})
+
+
+async def models(request: Request):
+    state = request.app.state.server
+    e = state.engine
+    meta = {"n_ctx": state.prompt_cache.cache.n_ctx, "n_ctx_train": e.config.n_ctx_train,
+            "n_vocab": e.tokenizer.n_vocab, "n_embd": e.config.n_embd}
+    return JSONResponse({"object": "list", "data": [{"id": state.config.alias, "object": "model",
+                                                     "created": state.created, "owned_by": "hybrid", "meta": meta}]})
+
+
+async def props(request: Request):
+    state = request.app.state.server
+    return JSONResponse({"model_alias": state.config.alias, "total_slots": 1,
+                         "n_ctx": state.prompt_cache.cache.n_ctx, "chat_template": state.template.source,
+                         "reasoning_format": state.config.reasoning_format})
+
+
+async def tokenize(request: Request):
+    state = request.app.state.server
+    body = await read_json(request, state.config.max_body)
+    content = body.get("content") if isinstance(body, dict) else None
+    if not isinstance(content, str):
+        raise BadRequest("'content' must be a string", "content")
+    flags = {k: body.get(k, d) for k, d in (("add_special", False), ("parse_special", True), ("with_pieces", False))}
+    for k, v in flags.items():
+        if not isinstance(v, bool):
+            raise BadRequest(f"'{k}' must be a boolean", k)
+    tok = state.engine.tokenizer
+    ids = tok.encode(content, add_special=flags["add_special"], parse_special=flags["parse_special"])
+    if flags["with_pieces"]:
+        return JSONResponse({"tokens": [{"id": i, "piece": tok.piece(i)} for i in ids]})
+    return JSONResponse({"tokens": ids})
+
+
+async def detokenize(request: Request):
+    state = request.app.state.server
+    body = await read_json(request, state.config.max_body)
+    ids = body.get("tokens") if isinstance(body, dict) else None
+    tok = state.engine.tokenizer
+    if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise BadRequest("'tokens' must be an array of token ids", "tokens")
+    bad = [t for t in ids if not 0 <= t < tok.n_vocab]
+    if bad:
+        raise BadRequest(f"token id {bad[0]} is outside the vocabulary [0, {tok.n_vocab})", "tokens")
+    return JSONResponse({"content": tok.decode(ids)})
+
+
+async def apply_template(request: Request):
+    """llama-server's /apply-template: the prompt text a chat request's messages (and tools) render to."""
+    state = request.app.state.server
+    req = parse_chat(await read_json(request, state.config.max_body))
+    return JSONResponse({"prompt": render_chat(state, req)})
+
+
+async def metrics(request: Request):
+    state = request.app.state.server
+    pc = state.prompt_cache
+    gauges = {
+        "requests_processing": (state.slots.running, "Generations running in the slot (0 or 1)."),
+        "requests_deferred": (state.slots.waiting, "Requests waiting for the slot."),
+        "kv_cache_tokens": (pc.cache.n_past if pc else 0, "Tokens the slot's KV cache holds."),
+        "n_ctx": (pc.cache.n_ctx if pc else 0, "The slot's context size in tokens."),
+        "prompt_cache_ram_bytes": (pc.saved_bytes if pc else 0, "Host RAM held by saved prompt states."),
+        "prompt_cache_ram_limit_bytes": (state.config.cache_ram, "The --cache-ram bound."),
+        "prompt_cache_entries": (len(pc.saved) if pc else 0, "Saved prompt states."),
+    }
+    return PlainTextResponse(M.render(state.metrics, gauges), media_type="text/plain; version=0.0.4")
+
+
+def page_html() -> str:
+    return resources.files("hybrid.server").joinpath("static/index.html").read_text(encoding="utf-8")
+
+
+async def page(request: Request):
+    return HTMLResponse(request.app.state.page)
