@@ -11,6 +11,10 @@ class PlacementError(HybridError):
     """The requested layers, KV cache and buffers do not fit the VRAM budget."""
 
 
+class UnsupportedPlacement(PlacementError):
+    """A placement hybrid cannot carry out (an -ot override that splits what it keeps together)."""
+
+
 class DeviceUnavailable(HybridError):
     """A GPU was asked for but no usable CuPy device exists."""
 
@@ -35,6 +39,7 @@ __all__ = [
     "UnsupportedKVType",
     "ModelNotFound",
     "PlacementError",
+    "UnsupportedPlacement",
     "DeviceUnavailable",
     "MemlockError",
     "ContextTooLarge",

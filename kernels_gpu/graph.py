@@ -9,6 +9,11 @@ that a single asynchronous copy from pinned memory fills before each run, so the
 The first run of a key is eager (it compiles kernels and fills the graph's private memory pool, so that the
 capture allocates nothing new), the second is captured; a step that cannot be captured (it raises
 CaptureUnsupported, e.g. MoE routing on the host) runs eagerly from then on, and `report()` says so.
+
+A step may hand work to the host in the middle (`host_break(fn)`: routed experts computed by the CPU beside a GPU
+layer): what was launched before it must finish, then fn() runs on the host, then the launches go on. Eagerly
+that is a synchronization and a call; captured, the step becomes several graphs with the host calls between them
+(the copies to and from pinned memory that feed fn are inside the graphs), replayed in the same order.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ class _Entry:
     pos: object
     slots: object
     n_slots: int
-    graph: object = None
+    graph: object = None  # the last piece (the whole step when it has no host break)
+    pieces: list = field(default_factory=list)  # [(graph, host fn)]: replayed in order before `graph`
     out: object = None
     runs: int = 0
     reason: str | None = None  # why this key runs eagerly (None: it is captured, or will be)
@@ -61,6 +67,8 @@ class GraphRunner:
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.enabled = True  # False: every step runs eagerly (reported as such)
         self.capturing = False  # True while a step is being captured: host round trips must raise
+        self.active = False  # True while a step runs (eager or captured): host_break applies to it
+        self._pieces: list | None = None  # while capturing: the pieces captured so far
         self.max_graphs = max_graphs
         self.stats = GraphStats()
         self._entries: OrderedDict = OrderedDict()
@@ -103,6 +111,7 @@ class GraphRunner:
             while len(self._entries) > self.max_graphs:
                 _, old = self._entries.popitem(last=False)
                 old.graph = old.out = None
+                old.pieces = []
                 old.pool.free_all_blocks()
         else:
             self._entries.move_to_end(key)
@@ -120,15 +129,25 @@ class GraphRunner:
             h[off_slots:off_slots + 8 * e.n_slots] = np.asarray(slot_ptrs, dtype=np.uint64).view(np.uint8)
         cp.cuda.runtime.memcpyAsync(e.inbuf.data.ptr, h.ctypes.data, e.inbuf.nbytes,
                                     cp.cuda.runtime.memcpyHostToDevice, st.ptr)
+        captured_now = False
         if e.graph is None and e.reason is None and e.runs > 0 and self.enabled:
-            self._capture(e, fn)
+            captured_now = self._capture(e, fn)
         if e.graph is not None and self.enabled:
+            if not captured_now:  # a capture ran its pieces before the last one already
+                for g, host_fn in e.pieces:
+                    g.launch(st)
+                    st.synchronize()
+                    host_fn()
             e.graph.launch(st)
             out = e.out
             self.stats.replays += 1
         else:
             with st, cp.cuda.using_allocator(e.pool.malloc):
-                out = cp.ascontiguousarray(fn(e.x, e.pos, e.slots), dtype=cp.float32)
+                self.active = True
+                try:
+                    out = cp.ascontiguousarray(fn(e.x, e.pos, e.slots), dtype=cp.float32)
+                finally:
+                    self.active = False
             self.stats.eager += 1
             why = e.reason or ("graphs disabled" if not self.enabled and e.runs > 0 else "first run of a shape")
             self.stats.reasons[why] = self.stats.reasons.get(why, 0) + 1
@@ -139,25 +158,44 @@ class GraphRunner:
         st.synchronize()
         return ho.view(np.float32)[: out.size].reshape(out.shape).copy()
 
-    def _capture(self, e: _Entry, fn) -> None:
+    def host_break(self, fn) -> None:
+        """Within a step: wait for what was launched so far, run fn() on the host, go on (see the module
+        docstring). Outside a capture, a synchronization of the step's stream and the call."""
+        st = self.stream
+        if not self.capturing:
+            st.synchronize()
+            fn()
+            return
+        g = st.end_capture()  # the piece so far: launched now (the host call needs its results), kept for replays
+        if hasattr(g, "upload"):
+            g.upload(st)
+        g.launch(st)
+        st.synchronize()
+        fn()
+        self._pieces.append((g, fn))
+        st.begin_capture()
+
+    def _capture(self, e: _Entry, fn) -> bool:
+        """Capture fn as e's graph (and pieces); True when it did (its pieces before the last one have run)."""
         cp = self._cp
         st = self.stream
         t0 = time.perf_counter()
         err: BaseException | None = None
         graph = out = None
         with st, cp.cuda.using_allocator(e.pool.malloc):
-            self.capturing = True
+            self.capturing = self.active = True
+            self._pieces = []
             try:
                 st.begin_capture()
             except Exception as exc:  # noqa: BLE001 - reported, then eager
-                self.capturing = False
+                self.capturing = self.active = False
                 e.reason = f"capture could not start ({type(exc).__name__}: {exc})"
-                return
+                return False
             try:
                 out = cp.ascontiguousarray(fn(e.x, e.pos, e.slots), dtype=cp.float32)
             except Exception as exc:  # noqa: BLE001 - end the capture first, then report
                 err = exc
-            self.capturing = False
+            self.capturing = self.active = False
             try:
                 g = st.end_capture()
             except Exception as exc:  # noqa: BLE001
@@ -170,13 +208,15 @@ class GraphRunner:
                     graph = g
                 except Exception as exc:  # noqa: BLE001
                     err = exc
+        pieces, self._pieces = self._pieces, None
         if err is not None:
             e.reason = (str(err) if isinstance(err, CaptureUnsupported)
                         else f"capture failed ({type(err).__name__}: {err})")
-            return
-        e.graph, e.out = graph, out
+            return False
+        e.graph, e.pieces, e.out = graph, pieces, out
         self.stats.captured += 1
         self.stats.capture_ms += 1000 * (time.perf_counter() - t0)
+        return True
 
     def report(self) -> str:
         """One line: how decode steps ran (graphs replayed, or eager launches and why)."""

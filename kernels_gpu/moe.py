@@ -301,14 +301,18 @@ def _grouped(x16, runs: list, n_rows: int, shape: tuple[int, int], dequant) -> o
     return y
 
 
-def prefill(h, ids, wts, shapes: tuple, dequants: tuple, act: str):
+def prefill(h, ids, wts, shapes: tuple, dequants: tuple, act: str, prefetch=None):
     """The experts of routed tokens (ids, wts from route) for a batch: shapes the (n_out, n_in) of gate, up and
-    down, dequants their dequantizers (resident_experts, or one that uploads experts from host memory first)."""
+    down, dequants their dequantizers (resident_experts, or one that uploads experts from host memory first),
+    called for gate's runs, then up's, then down's, each in `runs` order; prefetch(runs), when given, hears the
+    runs [(first expert, end expert, rows, first row)] before any dequantizer is called."""
     import cupy  # noqa: PLC0415
 
     n_tok = h.shape[0]
     # the one host synchronization: the group sizes set the GEMM shapes; then one upload of the row maps
     runs, src, dest = _groups(cupy.asnumpy(ids), max_run(shapes))
+    if prefetch is not None:
+        prefetch(runs)
     n_rows = src.shape[0]
     maps = cupy.asarray(np.concatenate([src, dest]))
     x16 = _gather_f16(h, maps[:n_rows])  # (n_rows, n_embd)

@@ -7,6 +7,7 @@ uploads go in chunks through two pinned buffers, so that filling one overlaps th
 from __future__ import annotations
 
 import weakref
+from collections import deque
 
 import numpy as np
 
@@ -266,3 +267,106 @@ class WeightStream:
         parts = [self._pool.submit(np.copyto, dst[a:a + step], src[a:a + step]) for a in range(0, n, step)]
         for p in parts:
             p.result()
+
+
+class CopyRing:
+    """Host -> device copies from page-locked host memory into a ring of `n_slots` device slots, on a copy stream of
+    their own, issued ahead of their use: start(sources) issues the first n_slots copies at once; take() hands out
+    the next source's slot (the current stream waits for its copy, the host does not); release(slot), once the
+    kernels reading it are launched, lets the copy of a later source into that slot start after them. So the copy
+    engine fills the next slots while the kernels work on the current one, and nothing blocks the host."""
+
+    def __init__(self, slot_bytes: int, n_slots: int = 3) -> None:
+        import cupy  # noqa: PLC0415
+
+        self._cp = cupy
+        self.slot_bytes = int(slot_bytes)
+        self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._slots = [cupy.empty(self.slot_bytes, dtype=cupy.uint8) for _ in range(n_slots)]
+        self._filled = [cupy.cuda.Event(disable_timing=True) for _ in range(n_slots)]
+        self._read = [cupy.cuda.Event(disable_timing=True) for _ in range(n_slots)]
+        self._free: deque[int] = deque(range(n_slots))
+        self._pending: deque[tuple[object, int, int]] = deque()  # (key, host pointer, bytes) not yet issued
+        self._issued: deque[tuple[object, int, int]] = deque()  # (key, slot, bytes) in order of use
+        self.copied_bytes = 0
+
+    def start(self, sources: list[tuple[object, int, int]]) -> None:
+        """sources: (key, host pointer into page-locked memory, bytes) in the order take() will ask for them."""
+        if self._pending or self._issued:
+            raise RuntimeError("CopyRing.start: the previous batch was not taken whole")
+        for key, ptr, n in sources:
+            if n > self.slot_bytes:
+                raise ValueError(f"CopyRing: a source of {n} bytes exceeds the slot of {self.slot_bytes}")
+            self._pending.append((key, ptr, n))
+        self._issue()
+
+    def _issue(self) -> None:
+        cp = self._cp
+        while self._free and self._pending:
+            slot = self._free.popleft()
+            key, ptr, n = self._pending.popleft()
+            self._stream.wait_event(self._read[slot])  # the kernels that read the slot before are done
+            cp.cuda.runtime.memcpyAsync(self._slots[slot].data.ptr, ptr, n, cp.cuda.runtime.memcpyHostToDevice,
+                                        self._stream.ptr)
+            self._filled[slot].record(self._stream)
+            self._issued.append((key, slot, n))
+            self.copied_bytes += n
+
+    def take(self, key) -> tuple[int, object]:
+        """(slot, cupy uint8 view of its bytes) of the next source, which must be `key`."""
+        got, slot, n = self._issued.popleft()
+        if got != key:
+            raise RuntimeError(f"CopyRing.take: asked for {key!r}, the next source is {got!r}")
+        self._cp.cuda.get_current_stream().wait_event(self._filled[slot])
+        return slot, self._slots[slot][:n]
+
+    def release(self, slot: int) -> None:
+        self._read[slot].record(self._cp.cuda.get_current_stream())
+        self._free.append(slot)
+        self._issue()
+
+    def reset(self) -> None:
+        """Drop what was not taken (after an error), once the copies in flight are done."""
+        self._stream.synchronize()
+        self._free.extend(s for _, s, _ in self._issued)
+        self._pending.clear()
+        self._issued.clear()
+
+
+def register_spans(arrays: list[np.ndarray]) -> tuple[list[tuple[int, int]], str]:
+    """Page-lock the pages under `arrays` in place (cudaHostRegister, read-only where the device allows it), as
+    merged page-aligned spans: ([(start, end)] registered, "" or why some were not). The caller unregisters them
+    (unregister_spans) and must keep the arrays' memory mapped until then."""
+    import mmap  # noqa: PLC0415
+
+    import cupy  # noqa: PLC0415
+
+    page = mmap.PAGESIZE
+    spans = sorted((int(a.ctypes.data) // page * page, -(-(int(a.ctypes.data) + a.nbytes) // page) * page)
+                   for a in arrays if a.nbytes)
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    rt = cupy.cuda.runtime
+    done, why = [], ""
+    for lo, hi in merged:
+        for flags in (HOST_REGISTER_PORTABLE | HOST_REGISTER_READ_ONLY, HOST_REGISTER_PORTABLE):
+            try:
+                rt.hostRegister(lo, hi - lo, flags)
+            except rt.CUDARuntimeError as exc:
+                why = str(exc)
+                continue
+            done.append((lo, hi))
+            break
+    return done, why
+
+
+def unregister_spans(spans: list[tuple[int, int]], _keep: object = None) -> None:
+    """Undo register_spans (`_keep`: what a finalizer holds alive until then, e.g. the arrays of the map)."""
+    import cupy  # noqa: PLC0415
+
+    for lo, _ in spans:
+        cupy.cuda.runtime.hostUnregister(lo)

@@ -41,6 +41,8 @@ def _args(argv):
     for f in _OVERRIDES:
         ap.add_argument("--" + f.replace("_", "-"), type=int, dest=f)
     ap.add_argument("--rope-freq-base", type=float)
+    ap.add_argument("--router-skew", type=float, help="qwen3moe: a skewed router, the experts' share of tokens "
+                    "Zipf-like with this exponent, different per layer (e.g. 1.0; default 0: even)")
     ap.add_argument("--tied", action=argparse.BooleanOptionalAction, default=None,
                     help="no output.weight: the LM head is token_embd (default: the preset's / gemma3)")
     return ap.parse_args(argv)
@@ -48,7 +50,7 @@ def _args(argv):
 
 def main(argv=None) -> int:
     a = _args(argv)
-    overrides = {f: getattr(a, f) for f in _OVERRIDES + ("rope_freq_base", "tied")}
+    overrides = {f: getattr(a, f) for f in _OVERRIDES + ("rope_freq_base", "tied", "router_skew")}
     plan = plan_model(a.arch, a.preset, a.qtype_mix, a.vocab, a.name, **overrides)
     size = plan.layout.file_size
     types = Counter(t.type_name for t in plan.tensors)

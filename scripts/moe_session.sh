@@ -73,25 +73,6 @@ for round in $(seq 1 "$ROUNDS"); do
   done
 done
 stamp "summary"
-python3 - "$OUT" <<'EOF' | tee "$OUT/summary.md"
-import glob, json, os, sys
-out = sys.argv[1]
-rows = {}
-for f in sorted(glob.glob(os.path.join(out, "*_*_*.json"))):
-    who, pl, rnd = os.path.basename(f)[:-5].split("_")
-    try:
-        data = json.load(open(f))
-    except Exception as exc:  # noqa: BLE001
-        print(f"{os.path.basename(f)}: {type(exc).__name__}")
-        continue
-    for r in data:
-        test = r.get("test") or (f"pp{r['n_prompt']}" if r.get("n_prompt") else f"tg{r['n_gen']}")
-        rows.setdefault((pl, test), {}).setdefault(who, []).append(r["avg_ts"])
-print("| placement | test | hybrid t/s (rounds) | llama.cpp t/s (rounds) | ratio of means |")
-print("|---|---|---|---|---|")
-for (pl, test), d in sorted(rows.items()):
-    h, l = d.get("hybrid", []), d.get("llama", [])
-    ratio = f"{(sum(h) / len(h)) / (sum(l) / len(l)):.2f}" if h and l else ""
-    print(f"| {pl} | {test} | {' / '.join(f'{v:.1f}' for v in h)} | {' / '.join(f'{v:.1f}' for v in l)} | {ratio} |")
-EOF
+python3 scripts/bench_summary.py "$OUT" --label "placement" | tee "$OUT/summary.md"
+
 stamp "done"

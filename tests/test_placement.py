@@ -234,7 +234,7 @@ def test_n_cpu_moe_keeps_the_experts_of_the_first_layers_in_ram(tmp_path):
     assert moe.gpu_kv_bytes == base.gpu_kv_bytes
     everything = plan(cfg, ts, 64 * GiB, "all", 256, n_cpu_moe=99)
     assert everything.gpu_weight_bytes == base.gpu_weight_bytes - sum(experts)
-    assert any("--n-cpu-moe 2" in r for r in moe.reasons)
+    assert any("routed experts of 2 GPU layers stay in RAM, run by the CPU (layers 0-1" in r for r in moe.reasons)
     # a tight budget fits at least as many layers when experts stay behind
     budget = base.gpu_total_bytes - 1
     tight = plan(cfg, ts, budget, "auto", 256).n_gpu_layers

@@ -3,6 +3,8 @@ flags: one plan builder (hybrid.plan.budget.plan_for) serves all three, op offlo
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import json
 import subprocess
 import sys
@@ -61,6 +63,9 @@ class _RecordingGpu:
 
     def limit_memory(self, budget: int) -> None:
         self.budget = budget
+
+    def __init__(self) -> None:
+        self.host_experts = SimpleNamespace(min_batch=None)  # what the engine sets for experts kept in RAM
 
     def upload(self, w):
         return w

@@ -39,14 +39,17 @@ class Backend(Protocol):
     def rms_norm_heads(self, x: Array, w: np.ndarray, eps: float) -> Array:
         """Per-head norm (QK-norm): x (n, n_head, hd) f32, w (hd,) f32 -> (n, n_head, hd) f32."""
 
-    def rope(self, x: Array, positions: np.ndarray, n_rot: int, base: float, scale: float, mode: str) -> Array:
-        """x (n, n_head, hd) f32 rotated at positions (n,) int32 (the first n_rot dims); mode "norm" or "neox"."""
+    def rope(self, x: Array, positions: np.ndarray, n_rot: int, base: float, scale: float, mode: str,
+             yarn: tuple | None = None) -> Array:
+        """x (n, n_head, hd) f32 rotated at positions (n,) int32 (the first n_rot dims); mode "norm" or "neox";
+        yarn (ext_factor, attn_factor, corr_lo, corr_hi) as ggml_rope_ext takes them, None for plain RoPE."""
 
     def scale(self, x: Array, s: float) -> Array:
         """x * s, same shape, f32."""
 
     def glu(self, gate: Array, up: Array, act: str) -> Array:
-        """act(gate) * up, gate and up (n, n_ff) f32; act "silu" (SwiGLU) or "gelu" (GeGLU) -> (n, n_ff) f32."""
+        """act(gate) * up, gate and up (n, n_ff) f32; act "silu" (SwiGLU), "gelu" (GeGLU) or "swiglu_oai" (gpt-oss's
+        clamped form: min(gate, 7) * sigmoid(1.702 min(gate, 7)) * (clamp(up, -7, 7) + 1)) -> (n, n_ff) f32."""
 
     def new_kv_layer(self, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int, type_k: str, type_v: str):
         """One layer's KV storage (k, v uint8 (n_ctx, n_head_kv, row_bytes); .type_k/.type_v/.n_ctx/.nbytes)."""
@@ -54,8 +57,10 @@ class Backend(Protocol):
     def kv_store(self, kv, il: int, k: Array, v: Array, positions: np.ndarray) -> None:
         """Store k (n, n_head_kv, hd_k) and v (n, n_head_kv, hd_v) f32 into kv.layers[il] at positions (n,) int32."""
 
-    def attention(self, q: Array, kv, il: int, positions: np.ndarray, scale: float, n_swa: int) -> Array:
-        """Causal attention of q (n, n_head, hd_k) f32 over kv.layers[il] -> (n, n_head, hd_v) f32 (n_swa: window)."""
+    def attention(self, q: Array, kv, il: int, positions: np.ndarray, scale: float, n_swa: int,
+                  sinks: Array | None = None) -> Array:
+        """Causal attention of q (n, n_head, hd_k) f32 over kv.layers[il] -> (n, n_head, hd_v) f32 (n_swa: window);
+        sinks (n_head,) f32 or None: one logit per query head added to the softmax's denominator (no value)."""
 
     def take_rows(self, x: Array, rows: np.ndarray) -> Array:
         """x[rows] as a contiguous (len(rows), d) f32 array; rows is a host int64 array (MoE token groups)."""
@@ -110,6 +115,9 @@ class DeviceMemory(Protocol):
     """Optional (GpuBackend only): placement on the device, called by Engine._offload and op offload."""
 
     device: Any  # the cupy.cuda.Device, used as a context manager
+    # backends.host_experts.HostExperts: runs GPU layers whose routed experts stay in RAM (-ot, --n-cpu-moe); the
+    # engine sets its min_batch (--no-op-offload: 0) and page-locks the experts (register); benches read its stats
+    host_experts: Any
 
     def free_bytes(self) -> int:
         """Free device memory now, plus what the memory pool holds unused, in bytes."""

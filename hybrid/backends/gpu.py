@@ -36,6 +36,11 @@ class GpuBackend:
         self._graphs = None  # kernels_gpu.graph.GraphRunner, made at the first decode_step
         self._slots: dict[int, tuple[int, int]] = {}  # during a decode step: layer -> device slots of its k, v
         self._q8_memo = None  # (x, its quantize_q8_1): the last one-token input quantized for a q8 matvec
+        self._yarn: dict[tuple, tuple] = {}  # rope arguments -> (device angle factors, magnitude) for YaRN
+        # GPU layers whose routed experts stay in host memory (-ot, --n-cpu-moe): backends/host_experts.py
+        from hybrid.backends.host_experts import HostExperts  # noqa: PLC0415
+
+        self.host_experts = HostExperts(self)
 
     # ---- placement helpers
     def free_bytes(self) -> int:
@@ -106,6 +111,15 @@ class GpuBackend:
     def graph_fallback(self) -> bool:
         """True when some decode step had to run eagerly (capture impossible, or graphs turned off)."""
         return self._graphs is not None and self._graphs.fallback
+
+    def host_call(self, fn) -> None:
+        """Run fn() on the host once the work launched so far has finished: inside a decode step a host break of
+        its CUDA graph (kernels_gpu.graph), else a synchronization of the current stream, then the call."""
+        if self._graphs is not None and self._graphs.active:
+            self._graphs.host_break(fn)
+            return
+        self._cupy.cuda.get_current_stream().synchronize()
+        fn()
 
     def _no_capture(self, what: str) -> None:
         if self._graphs is not None and self._graphs.capturing:
@@ -191,10 +205,20 @@ class GpuBackend:
 
         return ops.rms_norm_heads(self._dev(x), w, eps)
 
-    def rope(self, x, positions, n_rot: int, base: float, scale: float, mode: str):
+    def rope(self, x, positions, n_rot: int, base: float, scale: float, mode: str, yarn: tuple | None = None):
         from kernels_gpu import ops  # noqa: PLC0415
 
-        return ops.rope(self._dev(x), self._positions(positions), n_rot, base, scale, mode)
+        if yarn is None:
+            return ops.rope(self._dev(x), self._positions(positions), n_rot, base, scale, mode)
+        from kernels_gpu.rope_yarn import rope_yarn, yarn_factors  # noqa: PLC0415
+
+        key = (n_rot, base, scale, yarn)
+        if key not in self._yarn:  # made eagerly (a decode step's first call is never captured)
+            self._no_capture("YaRN tables from the host")
+            factors, mscale = yarn_factors(n_rot, base, scale, yarn)
+            self._yarn[key] = (self._cupy.asarray(factors), mscale)
+        factors, mscale = self._yarn[key]
+        return rope_yarn(self._dev(x), self._positions(positions), factors, mscale, mode)
 
     def scale(self, x, s: float):
         from kernels_gpu import ops  # noqa: PLC0415
@@ -204,6 +228,10 @@ class GpuBackend:
     def glu(self, gate, up, act: str):
         from kernels_gpu import ops  # noqa: PLC0415
 
+        if act == "swiglu_oai":  # gpt-oss's experts (op by op): cupy elementwise, ggml's formula and constants
+            x = self._cupy.minimum(self._dev(gate), np.float32(7.0))
+            y = self._cupy.clip(self._dev(up), np.float32(-7.0), np.float32(7.0))
+            return x / (np.float32(1.0) + self._cupy.exp(np.float32(-1.702) * x)) * (y + np.float32(1.0))
         return ops.glu(self._dev(gate), self._dev(up), act)
 
     def new_kv_layer(self, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int, type_k: str, type_v: str):
@@ -224,19 +252,20 @@ class GpuBackend:
             raise ValueError(f"kv_store: positions must lie in [0, {layer.n_ctx}), found [{p.min()}, {p.max()}]")
         kv_store(layer, self._positions(positions), self._dev(k), self._dev(v))
 
-    def attention(self, q, kv, il: int, positions, scale: float, n_swa: int):
+    def attention(self, q, kv, il: int, positions, scale: float, n_swa: int, sinks=None):
         from kernels_gpu.attention import attention  # noqa: PLC0415
 
         layer = kv.layers[il]
+        extra = {} if sinks is None else {"sinks": self._dev(sinks)}  # no sinks: the call as it always was
         if isinstance(positions, self._cupy.ndarray):
             # a decode step: the grid follows the cache size, the kernel reads the keys in use from the positions
             return attention(self._dev(q), layer, positions, layer.n_ctx, scale, n_swa, dynamic=True,
-                             slots=self._slots.get(il))
+                             slots=self._slots.get(il), **extra)
         p = np.asarray(positions)
         if p.size and int(p.min()) < 0:
             raise ValueError(f"attention: positions must be >= 0, found {p.min()}")
         n_kv = int(p.max()) + 1 if p.size else 0
-        return attention(self._dev(q), layer, self._positions(positions), n_kv, scale, n_swa)
+        return attention(self._dev(q), layer, self._positions(positions), n_kv, scale, n_swa, **extra)
 
     def take_rows(self, x, rows: np.ndarray):
         """x[rows] as a contiguous (len(rows), n) cupy array; rows is a host int64 array."""
@@ -277,11 +306,19 @@ class GpuBackend:
 
     def fused_moe(self, spec, cfg, lw, h):
         """The MoE FFN as MUL_MAT_ID (kernels_gpu.moe): routing on the device and the selected experts read in place,
-        no host synchronization for a decode batch (so MoE layers stay inside the decode CUDA graph). None where the
-        experts are not on this GPU or of a float type (no id kernels: blocks.moe_ffn then runs op by op)."""
+        no host synchronization for a decode batch (so MoE layers stay inside the decode CUDA graph). Experts kept
+        in host memory (-ot, --n-cpu-moe) run through self.host_experts (backends/host_experts.py). None where the
+        experts are of a float type (no id kernels: blocks.moe_ffn then runs op by op)."""
         from kernels_gpu import moe  # noqa: PLC0415
 
+        from hybrid.backends.host_experts import has_host_experts  # noqa: PLC0415
+        from hybrid.model.arch.moe import fused_moe_ok  # noqa: PLC0415
+
+        if not fused_moe_ok(spec, cfg, lw):  # the device routing is plain softmax only
+            return None
         ws = [lw[n] for n in _MOE_TENSORS]
+        if isinstance(ws[0].raw, self._cupy.ndarray) and has_host_experts(lw):
+            return self.host_experts(spec, cfg, lw, h)  # the router here, the experts in RAM
         if not all(isinstance(w.raw, self._cupy.ndarray) for w in ws):
             return None
         if not all(moe.supported(w.type_name) for w in ws[1:]):

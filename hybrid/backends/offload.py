@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from hybrid.backends.host_experts import upload_dequantizer
 from hybrid.model.weights import Weight
 
 
@@ -54,19 +55,22 @@ class OffloadBackend:
         """The new rows go to the layer's cache in host memory, quantized by the CPU as a CPU layer's are."""
         self.cpu.kv_store(kv, il, self.gpu.to_host(k), self.gpu.to_host(v), positions)
 
-    def attention(self, q, kv, il: int, positions, scale: float, n_swa: int):
+    def attention(self, q, kv, il: int, positions, scale: float, n_swa: int, sinks=None):
         """Attention over the host cache: cells [0, max(positions)] uploaded as they are (same ggml rows)."""
         layer = kv.layers[il]
         p = np.asarray(positions)
+        extra = {} if sinks is None else {"sinks": sinks}  # no sinks: the calls as they always were
         if not self._gpu_attention(layer):  # head sizes the GPU kernel lacks: the CPU's attention
-            o = self.cpu.attention(self.gpu.to_host(q), kv, il, positions, scale, n_swa)
+            if sinks is not None:
+                extra["sinks"] = self.gpu.to_host(sinks)
+            o = self.cpu.attention(self.gpu.to_host(q), kv, il, positions, scale, n_swa, **extra)
             return self.gpu.from_host(o)
         from kernels_gpu.kv_cache import GpuKVCacheLayer  # noqa: PLC0415
 
         n_kv = int(p.max()) + 1 if p.size else 0
         dev = GpuKVCacheLayer(layer.type_k, layer.type_v, layer.head_dim_k, layer.head_dim_v,
                               self.gpu.from_host(layer.k[:n_kv]), self.gpu.from_host(layer.v[:n_kv]))
-        return self.gpu.attention(q, SimpleNamespace(layers={il: dev}), il, positions, scale, n_swa)
+        return self.gpu.attention(q, SimpleNamespace(layers={il: dev}), il, positions, scale, n_swa, **extra)
 
     @staticmethod
     def _gpu_attention(layer) -> bool:
@@ -91,8 +95,8 @@ class OffloadBackend:
     def rms_norm_heads(self, x, w, eps: float):
         return self.gpu.rms_norm_heads(x, w, eps)
 
-    def rope(self, x, positions, n_rot: int, base: float, scale: float, mode: str):
-        return self.gpu.rope(x, positions, n_rot, base, scale, mode)
+    def rope(self, x, positions, n_rot: int, base: float, scale: float, mode: str, yarn: tuple | None = None):
+        return self.gpu.rope(x, positions, n_rot, base, scale, mode, yarn)
 
     def scale(self, x, s: float):
         return self.gpu.scale(x, s)
@@ -135,15 +139,4 @@ class OffloadBackend:
         x = self._dev(h)
         ids, wts = moe.route(self.matmul(ws[0], x), cfg.n_expert_used, spec.moe_norm_weights)
         shapes = tuple(tuple(w.shape[1:]) for w in ws[1:])
-        return moe.prefill(x, ids, wts, shapes, tuple(self._host_experts(w) for w in ws[1:]), spec.ffn_act)
-
-    def _host_experts(self, w: Weight):
-        """moe.prefill's dequantizer for the host expert tensor w: experts [e0, e1) uploaded, then dequantized."""
-        from kernels_gpu.matmul import dequantize  # noqa: PLC0415
-
-        def dequant(e0: int, e1: int, out) -> None:
-            part = w.raw[e0:e1]  # (e1 - e0, n_out, row_bytes): one contiguous slice of the host tensor
-            dev = self.gpu.upload(Weight(w.name, w.type_name, part.shape, part)).raw
-            dequantize(dev.reshape(-1, part.shape[2]), w.type_name, dtype=np.float16, out=out)
-
-        return dequant
+        return moe.prefill(x, ids, wts, shapes, tuple(upload_dequantizer(self.gpu, w) for w in ws[1:]), spec.ffn_act)

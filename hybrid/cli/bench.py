@@ -16,6 +16,8 @@ import typer
 from hybrid.tools.bench import BenchResult, run_bench, tests_from
 from hybrid.system.devices import probe_machine
 from hybrid.engine.params import EngineParams
+from hybrid.errors import HybridError
+from hybrid.plan.overrides import build_overrides, cpu_moe_overrides, describe
 from hybrid.tools.info import model_type
 
 from hybrid.system.sizes import format_size
@@ -55,6 +57,11 @@ def bench(
     no_repack: Annotated[str, typer.Option("-nr", "--no-repack", help="1: the CPU layers' Q4_0/Q5_0/Q4_K weights stay "
                                            "as in the file; 0: repacked into 8-row groups at load (not under op "
                                            "offload; comma-separated to compare).")] = "0",
+    ncmoe: Annotated[str, typer.Option("-ncmoe", "--n-cpu-moe", help="Layers whose routed experts stay in RAM, run by "
+                                       "the CPU (comma-separated to compare).")] = "0",
+    cmoe: Annotated[bool, typer.Option("-cmoe", "--cpu-moe", help="Every layer's routed experts in RAM.")] = False,
+    ot: Annotated[list[str], typer.Option("-ot", "--override-tensor", help="REGEX=DEVICE[,...] (repeatable), as run's "
+                                          "-ot.")] = [],
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed repetitions per test.")] = 5,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, json, csv.")] = "md",
     params: EngineParams = EngineParams(),
@@ -76,28 +83,41 @@ def bench(
     thread_counts = [check_threads(t, "'-t'") for t in _ints(threads, "-t")]  # before anything is loaded
     batches = [check_batch(b, "'-b'") for b in _ints(batch, "-b")]
     ubatches = [check_batch(ub, "'-ub'") for ub in _ints(ubatch, "-ub")]
+    try:
+        given = build_overrides(ot, cmoe)  # -ot and --cpu-moe: one set for every row
+    except HybridError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    n_cpu_moes = [v for v in _ints(ncmoe, "-ncmoe")]
+    if any(v < 0 for v in n_cpu_moes):
+        raise typer.BadParameter(f"-ncmoe takes counts >= 0, got '{ncmoe}'")
     machine = probe_machine()
     rows: list[dict] = []
-    combos = itertools.product(_ints(ngl, "-ngl"), _strs(ctk), _strs(ctv), _ints(fa, "-fa"), batches, ubatches,
-                               thread_counts, _ints(nopo, "-nopo"), _ints(no_repack, "-nr"))
-    for n_gl, tk, tv, fa_on, b, ub, t, po_off, nr in combos:
+    combos = itertools.product(_ints(ngl, "-ngl"), n_cpu_moes, _strs(ctk), _strs(ctv), _ints(fa, "-fa"), batches,
+                               ubatches, thread_counts, _ints(nopo, "-nopo"), _ints(no_repack, "-nr"))
+    for n_gl, n_cm, tk, tv, fa_on, b, ub, t, po_off, nr in combos:
         engine, _ = load_engine(model, replace(params, n_ctx=4096, n_batch=b, n_ubatch=ub, type_k=tk, type_v=tv,
                                                n_threads=max(t, 0), n_gpu_layers=n_gl, op_offload=not po_off,
-                                               repack=not nr), warn_ctx=False)
+                                               repack=not nr, overrides=given + cpu_moe_overrides(n_cpu_moe=n_cm)),
+                                warn_ctx=False)
         import numba  # noqa: PLC0415 - the thread count in effect
 
         n_threads = numba.get_num_threads()
         for res in run_bench(engine, tests, reps):
             rows.append(_row(engine, res, machine, n_threads, n_gl, tk, tv, fa_on, b, ub))
+            rows[-1]["n_cpu_moe"] = n_cm  # as llama-bench: the count, and the other overrides as one string
+            rows[-1]["tensor_buft_overrides"] = rows[-1]["override_tensors"] = describe(given)
+            rows[-1]["moe_experts"] = engine.moe_report()
             rows[-1]["no_op_offload"] = int(bool(po_off))
             rows[-1]["no_repack"] = int(bool(nr))
             rows[-1]["op_offload"] = _op_offload(engine)  # batches the GPU ran for CPU layers, bytes streamed
             rows[-1]["gpu_decode"] = _gpu_decode(engine)  # CUDA graphs, or eager launches and why
             if output == "md":
                 note(f"{rows[-1]['test']}: {res.avg_ts:.2f} ± {res.stddev_ts:.2f} t/s (t={n_threads}, "
-                     f"nopo={int(bool(po_off))}, nr={int(bool(nr))})")
+                     f"ncmoe={n_cm}, nopo={int(bool(po_off))}, nr={int(bool(nr))})")
         if rows and rows[-1]["gpu_decode"]:
             note(f"GPU decode: {rows[-1]['gpu_decode']}")
+        if rows and rows[-1]["moe_experts"] and output == "md":
+            note(rows[-1]["moe_experts"])
         engine.close()
     _render(rows, output)
 
@@ -131,12 +151,14 @@ def _render(rows: list[dict], output: str) -> None:
         w.writerows(rows)
         sys.stdout.write(buf.getvalue())
         return
-    header = ["model", "size", "params", "backend", "threads", "type_k", "type_v", "ngl", "nopo", "nr", "test", "t/s"]
+    header = ["model", "size", "params", "backend", "threads", "type_k", "type_v", "ngl", "ncmoe", "nopo", "nr", "test",
+              "t/s"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     for r in rows:
         lines.append("| " + " | ".join([
             r["model_type"], format_size(r["model_size"], 2), fmt_count(r["model_n_params"]), r["backends"],
-            str(r["n_threads"]), r["type_k"], r["type_v"], str(r["n_gpu_layers"]), str(r["no_op_offload"]),
+            str(r["n_threads"]), r["type_k"], r["type_v"], str(r["n_gpu_layers"]), str(r["n_cpu_moe"]),
+            str(r["no_op_offload"]),
             str(r["no_repack"]), r["test"],
             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
         ]) + " |")

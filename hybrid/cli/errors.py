@@ -14,6 +14,7 @@ ERROR_LABELS: tuple[tuple[type[BaseException], str], ...] = (
     (E.UnsupportedKVType, "unsupported KV cache type"),
     (E.UnsupportedQuantType, "unsupported quant type"),
     (E.ModelNotFound, "model not found"),
+    (E.UnsupportedPlacement, "unsupported placement"),
     (E.PlacementError, "does not fit"),
     (E.DeviceUnavailable, "no usable GPU"),
     (E.MemlockError, "mlock refused"),

@@ -11,31 +11,48 @@ from hybrid.system.devices import probe_gpus
 from hybrid.engine.params import EngineParams
 from hybrid.plan.budget import plan_for
 from hybrid.plan.explain import plan_rows
+from hybrid.plan.overrides import unused
 from hybrid.plan.placement import PlacementPlan
 from hybrid.system.sizes import format_size
 
 from hybrid.cli.common import open_model
+from hybrid.cli.session import note
 
 
-def explain_plan(model: str | None, params: EngineParams) -> PlacementPlan:
-    """The plan `hybrid run` with these flags uses (plan_for, as the engine and the probe call it); pure
-    arithmetic when --vram-budget is given (no GPU needed)."""
+def explain_plan(model: str | None, params: EngineParams) -> tuple[PlacementPlan, dict[str, int]]:
+    """The plan `hybrid run` with these flags uses (plan_for, as the engine and the probe call it) and the bytes of
+    every tensor; pure arithmetic when --vram-budget is given (no GPU needed). An override that matches no
+    tensor is said in a warning line."""
     budget = params.vram_budget
     if budget is None:
         gpus, _ = probe_gpus()
         budget = gpus[0].free_bytes if gpus else None
     with open_model(model) as f:
         config = ModelConfig.from_gguf(f)
-        return plan_for(config, f.tensors, budget, params.n_gpu_layers,
-                        params.plan_inputs(params.n_ctx or config.n_ctx_train))
+        for o in unused(f.tensors, params.overrides):
+            note(f"warning: override '{o}' matches no tensor of this model")
+        p = plan_for(config, f.tensors, budget, params.n_gpu_layers,
+                     params.plan_inputs(params.n_ctx or config.n_ctx_train))
+        return p, {name: t.nbytes for name, t in f.tensors.items()}
 
 
-def plan_json(p: PlacementPlan) -> dict:
-    """The plan's totals and per-layer devices, for --explain --json."""
+def plan_json(p: PlacementPlan, tensors: dict[str, int]) -> dict:
+    """The plan's totals, per-layer devices (attention and dense FFN with the layer; routed experts where they
+    live), and every tensor with its device and bytes, for --explain --json."""
+    layers = [{"index": lp.index, "device": lp.device, "experts": "cpu" if lp.experts_on_cpu or lp.device == "cpu"
+               else "gpu" if lp.expert_bytes else None, "weight_bytes": lp.weight_bytes,
+               "expert_bytes": lp.expert_bytes, "kv_bytes": lp.kv_bytes} for lp in p.layers]
+    rows = [{"name": name, "device": p.tensor_device(name), "bytes": nbytes} for name, nbytes in tensors.items()]
+    if p.output.tied and p.output.device == "gpu":
+        rows.append({"name": "output.weight (a GPU copy of token_embd.weight)", "device": "gpu",
+                     "bytes": p.output.head_bytes})
     return {"n_gpu_layers": p.n_gpu_layers, "n_offloadable": p.n_layer + 1, "budget_bytes": p.budget_bytes,
             "gpu_total_bytes": p.gpu_total_bytes, "cpu_total_bytes": p.cpu_total_bytes,
+            "gpu_weight_bytes": p.gpu_weight_bytes, "cpu_weight_bytes": p.cpu_weight_bytes,
             "gpu_kv_bytes": p.gpu_kv_bytes, "gpu_scratch_bytes": p.gpu_scratch_bytes,
-            "headroom_bytes": p.headroom_bytes, "devices": [lp.device for lp in p.layers] + [p.output.device]}
+            "headroom_bytes": p.headroom_bytes, "n_cpu_moe": p.n_cpu_moe,
+            "override_tensors": [str(o) for o in p.overrides],
+            "devices": [lp.device for lp in p.layers] + [p.output.device], "layers": layers, "tensors": rows}
 
 
 def render_plan(p: PlacementPlan, console: Console | None = None) -> None:

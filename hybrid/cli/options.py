@@ -20,6 +20,7 @@ import typer
 
 from hybrid.engine.params import EngineParams
 from hybrid.errors import HybridError
+from hybrid.plan.overrides import build_overrides
 from hybrid.system.numa import check_mode as check_numa_mode
 from hybrid.system.sizes import parse_size
 from hybrid.system.threads import select_cpus
@@ -198,6 +199,24 @@ NoRepackOpt = Annotated[
                       "at load into 8-row groups the CPU reads faster, as llama.cpp repacks; the file's pages are "
                       "given back). Op offload (a GPU with layers left on the CPU) keeps the file's layout anyway."),
 ]
+OverrideTensorOpt = Annotated[
+    list[str],
+    typer.Option("-ot", "--override-tensor",
+                 help="REGEX=DEVICE[,...] (repeatable): tensors whose name the regex finds go to DEVICE (CPU or "
+                      "CUDA0); the first match wins, others follow their layer (-ngl). Use it to keep routed experts "
+                      "in RAM: -ot 'blk\\.(1[0-9])\\.ffn_.*_exps=CPU'."),
+]
+CpuMoeOpt = Annotated[
+    bool,
+    typer.Option("-cmoe", "--cpu-moe", help="Keep every layer's routed experts in RAM, computed by the CPU "
+                                            "(attention, norms, router and shared experts still follow -ngl)."),
+]
+NCpuMoeOpt = Annotated[
+    int,
+    typer.Option("-ncmoe", "--n-cpu-moe", callback=at_least(0),
+                 help="Keep the routed experts of the first N layers in RAM (with -ngl 99: the rest of the model on "
+                      "the GPU). `hybrid probe` finds the smallest N that fits."),
+]
 CpuMaskOpt = Annotated[
     Optional[str],
     typer.Option("-C", "--cpu-mask",
@@ -234,6 +253,9 @@ ENGINE_FLAGS: dict[str, Flag] = {
     "no_mmap": Flag(NoMmapOpt, False, lambda v: {"use_mmap": not v}),
     "no_op_offload": Flag(NoOpOffloadOpt, False, lambda v: {"op_offload": not v}),
     "no_repack": Flag(NoRepackOpt, False, lambda v: {"repack": not v}),
+    "override_tensor": Flag(OverrideTensorOpt, [], lambda v: {}),  # with cpu_moe, n_cpu_moe: in engine_params
+    "cpu_moe": Flag(CpuMoeOpt, False, lambda v: {}),
+    "n_cpu_moe": Flag(NCpuMoeOpt, 0, lambda v: {}),
     "cpu_mask": Flag(CpuMaskOpt, None, lambda v: {}),  # with cpu_range, in _cpus
     "cpu_range": Flag(CpuRangeOpt, None, lambda v: {}),
 }
@@ -249,6 +271,9 @@ def engine_params(values: dict[str, Any]) -> EngineParams:
             fields.update(ENGINE_FLAGS[name].to_fields(value))
         if "cpu_mask" in values or "cpu_range" in values:
             fields.update(_cpus(values))
+        if {"override_tensor", "cpu_moe", "n_cpu_moe"} & set(values):
+            fields["overrides"] = build_overrides(values.get("override_tensor") or (), bool(values.get("cpu_moe")),
+                                                  int(values.get("n_cpu_moe") or 0))
         return EngineParams(**fields)
     except HybridError as exc:
         raise typer.BadParameter(str(exc)) from None

@@ -24,7 +24,8 @@ from hybrid.kv.types import check_kv_types
 from hybrid.model.files import resolve_model
 from hybrid.plan.budget import plan_for
 from hybrid.plan.probe import DEFAULT_MARGIN_BYTES, kv_type_table
-from hybrid.engine.fit import probe_ngl, try_fit
+from hybrid.engine.fit import probe_n_cpu_moe, probe_ngl, try_fit
+from hybrid.plan.overrides import FFN_EXPS_REGEX, cpu_moe_overrides
 from hybrid.plan.checks import gpu_link_checks, mlock_check, numa_check, thread_sweep, threads_check
 from hybrid.system.sizes import format_size, parse_size
 
@@ -33,7 +34,7 @@ from hybrid.cli.options import ModelArgument, ModelOpt, engine_flags
 from hybrid.cli.session import note
 
 
-@engine_flags("ctx", "ctk", "ctv", "ubatch", "vram_budget", "no_op_offload")
+@engine_flags("ctx", "ctk", "ctv", "ubatch", "vram_budget", "no_op_offload", "override_tensor", "cpu_moe", "n_cpu_moe")
 def probe(
     model: ModelArgument = None,
     model_opt: ModelOpt = None,  # merged into `model` while the flags are parsed
@@ -44,7 +45,9 @@ def probe(
     params: EngineParams = EngineParams(),
 ) -> None:
     """Find the OOM ceiling: the most layers (-ngl) that fit, predicted from the plan and measured on the GPU by
-    allocating and running each candidate; then recommend -ngl with headroom, a KV type, -t, --mlock, --numa."""
+    allocating and running each candidate; then recommend -ngl with headroom, a KV type, -t, --mlock, --numa.
+
+    An MoE model that does not fit whole: the smallest --n-cpu-moe with all else on the GPU, measured the same way."""
     ctk, ctv, ubatch = check_kv_types(params.type_k, params.type_v) + (params.n_ubatch,)  # before any planning
     try:
         margin_bytes = parse_size(margin) if margin else DEFAULT_MARGIN_BYTES
@@ -83,14 +86,31 @@ def probe(
     if not dry_run:
         report.update(measured_ceiling=result.ceiling, attempts=[dataclasses.asdict(a) for a in result.attempts],
                       probe_seconds=result.seconds)
+    moe = None
+    n_max = config.n_layer + 1
+    if config.n_expert and not params.overrides and rec.ngl < n_max:  # experts in RAM beat whole layers there
+        moe_fit = None if dry_run else (lambda pp: try_fit(path, pp, n_max, budget))
+
+        def moe_progress(a) -> None:
+            if not json_out:
+                note(f"  -ngl {n_max} --n-cpu-moe {a.ngl}: {'fits' if a.fits else 'out of memory'} "
+                     f"(peak {format_size(a.peak_bytes)})")
+
+        moe = probe_n_cpu_moe(config, tensors, params, budget, margin_bytes, moe_fit, moe_progress)
+        report.update(moe=dataclasses.asdict(moe))
+    use_moe = moe is not None and moe.fits
+    if use_moe:
+        params = replace(params, overrides=cpu_moe_overrides(n_cpu_moe=moe.recommended))
+    rec_ngl = n_max if use_moe else rec.ngl
     kv_rows = kv_type_table(config, tensors, budget, params.plan_inputs(), margin_bytes=margin_bytes)
-    p = plan_for(config, tensors, budget, max(rec.ngl, 0), params.plan_inputs())
+    p = plan_for(config, tensors, budget, max(rec_ngl, 0), params.plan_inputs())
     machine = probe_machine(with_gpu=False)
     sweep = None
     if not fast and not dry_run:
         counts = sorted({max(1, machine.physical_cores // 4), max(1, machine.physical_cores // 2), machine.physical_cores})
         engine = Engine.load(path, EngineParams(n_ctx=256, n_batch=256, n_ubatch=256, type_k=ctk, type_v=ctv,
-                                                n_gpu_layers=rec.ngl, vram_budget=budget))
+                                                n_gpu_layers=rec_ngl, vram_budget=budget,
+                                                overrides=params.overrides))
         try:
             sweep = thread_sweep(engine, counts)
         finally:
@@ -98,14 +118,17 @@ def probe(
     checks = [threads_check(machine, sweep), mlock_check(machine, p.cpu_total_bytes), numa_check(machine)]
     if gpus:
         checks += gpu_link_checks()
-    flags = [f"-ngl {rec.ngl}", f"-c {n_ctx}"]
+    flags = [f"-ngl {rec_ngl}"] + ([f"--n-cpu-moe {moe.recommended}"] if use_moe else []) + [f"-c {n_ctx}"]
+    flags += [f"-ot '{o}'" for o in params.overrides if o.explicit]
+    flags += ["--cpu-moe"] if any(not o.explicit and o.pattern == FFN_EXPS_REGEX for o in params.overrides) else []
     if ctk != "f16" or ctv != "f16":
         flags += [f"-ctk {ctk}", f"-ctv {ctv}"]
     flags += [f"-t {checks[0].value}"] + [c.value for c in checks[1:] if c.value]
     if not params.op_offload:
         flags.append("--no-op-offload")
     command = f"hybrid run {path} " + " ".join(flags)
-    report.update(recommended_ngl=rec.ngl, margin_bytes=margin_bytes, recommendation=dataclasses.asdict(rec),
+    report.update(recommended_ngl=rec_ngl, recommended_n_cpu_moe=moe.recommended if use_moe else None,
+                  margin_bytes=margin_bytes, recommendation=dataclasses.asdict(rec),
                   kv_types=[dataclasses.asdict(r) for r in kv_rows], checks=[dataclasses.asdict(c) for c in checks],
                   thread_sweep=sweep, command=command, plan_gpu_bytes=p.gpu_total_bytes, plan_cpu_bytes=p.cpu_total_bytes)
     if json_out:
@@ -127,7 +150,20 @@ def _render(r: dict, kv_rows, checks, dry_run: bool) -> None:
         d = r["measured_ceiling"] - r["predicted_ngl"]
         if abs(d) > 1:
             t.add_row("", f"[yellow]prediction off by {d:+d} layers[/yellow]")
-    t.add_row("recommended", f"-ngl {r['recommended_ngl']} (headroom >= {format_size(r['margin_bytes'])})")
+    moe = r.get("moe")
+    if moe is not None:
+        fits = moe["recommended"] <= moe["n_layer"]
+        t.add_row("predicted --n-cpu-moe", f"{moe['predicted']} of {moe['n_layer']} at -ngl {r['n_offloadable']}"
+                  if moe["predicted"] <= moe["n_layer"] else "none fits: the rest of the model alone is too big")
+        if moe["measured"] is not None:
+            t.add_row("measured --n-cpu-moe", f"{moe['measured']} ({len(moe['attempts'])} attempts, "
+                                              f"{moe['seconds']} s)" if moe["measured"] <= moe["n_layer"] else "none fits")
+        if fits:
+            t.add_row("recommended", f"-ngl {r['recommended_ngl']} --n-cpu-moe {moe['recommended']} (headroom >= "
+                                     f"{format_size(r['margin_bytes'])}): attention, router and KV cache of every "
+                                     f"layer on the GPU, the routed experts of the first {moe['recommended']} in RAM")
+    if moe is None or moe["recommended"] > moe["n_layer"]:
+        t.add_row("recommended", f"-ngl {r['recommended_ngl']} (headroom >= {format_size(r['margin_bytes'])})")
     t.add_row("GPU / CPU bytes", f"{format_size(r['plan_gpu_bytes'])} / {format_size(r['plan_cpu_bytes'])}")
     con.print(t)
     kv = Table(title="KV cache types at this context")

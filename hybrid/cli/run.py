@@ -51,6 +51,8 @@ def run(
                                           "text; by default they print as nothing, as llama.cpp does.")] = False,
     no_display_prompt: Annotated[bool, typer.Option("--no-display-prompt", help="Do not echo the prompt.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: prompt_ids, generated_ids, text, timings (with --explain alone: the plan).")] = False,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="After the timings, what the devices did: experts in "
+                                          "RAM (CPU calls, bytes uploaded per batch), op offload, CUDA graphs.")] = False,
     params: EngineParams = EngineParams(),
 ) -> None:
     """Generate text from a prompt, streaming tokens as they come, then print timings (as llama.cpp does).
@@ -66,9 +68,9 @@ def run(
                               frequency_penalty=frequency_penalty, seed=seed)
     if explain:
         only = prompt is None and file is None and not conversation
-        p = explain_plan(model, params)
+        p, tensors = explain_plan(model, params)
         if json_out and only:
-            print(json.dumps(plan_json(p)))
+            print(json.dumps(plan_json(p, tensors)))
             return
         render_plan(p)
         if only:
@@ -118,8 +120,21 @@ def run(
         sys.stdout.write(stream.flush() + "\n")
         sys.stdout.flush()
         print_timings(timings)
+        if verbose:
+            for line in device_report(engine):
+                note(line)
     if interrupted:
         raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def device_report(engine) -> list[str]:
+    """--verbose: one line each for the experts kept in RAM, op offload and the GPU's decode graphs (what applies)."""
+    lines = [engine.moe_report()]
+    if engine.op_offload is not None:
+        lines.append(f"op offload: {engine.op_offload.describe()}")
+    gpus = {id(b): b for b in (*engine.backends, engine.output_backend) if hasattr(b, "graph_report")}
+    lines += [f"GPU decode: {b.graph_report()}" for b in gpus.values()]
+    return [line for line in lines if line]
 
 
 def print_timings(t: Timings) -> None:

@@ -16,6 +16,7 @@ from gguf_io import GGUFFile, ModelConfig, open_gguf
 
 from hybrid.backends.cpu import CpuBackend
 from hybrid.backends.cpu_kernels import cpu_kernel_keys
+from hybrid.backends.host_experts import check_host_experts
 from hybrid.backends.op_offload import make_op_offload
 from hybrid.backends.repack import repack_weights
 from hybrid.engine.params import EngineParams
@@ -23,10 +24,11 @@ from hybrid.errors import ContextTooLarge, HybridError
 from hybrid.kv.cache import KVCache
 from hybrid.kv.types import check_kv_types
 from hybrid.model import forward
-from hybrid.model.arch import arch_spec
-from hybrid.model.arch.spec import LAYER_TENSORS_DENSE, LAYER_TENSORS_MOE, ArchSpec
-from hybrid.model.weights import ModelWeights, check_layers, load_weights
+from hybrid.model.arch import adopt_layers, arch_spec
+from hybrid.model.arch.spec import ArchSpec
+from hybrid.model.weights import ModelWeights, load_weights
 from hybrid.plan.budget import plan_for
+from hybrid.plan.overrides import unused
 from hybrid.plan.placement import PlacementPlan
 from hybrid.system.memlock import prepare_cpu_weights
 from hybrid.system.numa import check_mode as check_numa_mode
@@ -68,10 +70,21 @@ class Engine:
                 gpu.limit_memory(budget)
                 engine.place(plan_for(engine.config, engine.gguf.tensors, budget, p.n_gpu_layers, p.plan_inputs()),
                              gpu, gpu.upload)
+                gpu.host_experts.min_batch = None if p.op_offload else 0  # --no-op-offload: experts on the CPU
+                moe_ram = [engine.weights.layers[lp.index] for lp in engine.placement.layers if lp.experts_on_cpu]
+                if moe_ram and p.op_offload:  # big batches upload their experts by DMA from the locked pages
+                    why = gpu.host_experts.register(moe_ram)
+                    if why and progress:
+                        progress(f"warning: experts in RAM could not be page-locked ({why}); big batches stage "
+                                 f"their uploads through pinned buffers")
                 if progress:
                     pl = engine.placement
                     progress(f"offloaded {pl.n_gpu_layers}/{engine.config.n_layer + 1} layers to the GPU "
                              f"({format_size(pl.gpu_total_bytes, 2)} of a {format_size(budget, 2)} budget)")
+                    if pl.n_cpu_moe:
+                        moe = [lp for lp in pl.layers if lp.experts_on_cpu]
+                        progress(f"routed experts of {len(moe)} GPU layers stay in RAM, run by the CPU "
+                                 f"({format_size(sum(lp.expert_bytes for lp in moe), 2)})")
             if p.op_offload:
                 engine.op_offload = make_op_offload(engine.backends, engine.output_backend, engine.config,
                                                     engine.gguf.tensors, p.n_ctx, p.n_ubatch, p.type_k, p.type_v,
@@ -99,11 +112,14 @@ class Engine:
             config = ModelConfig.from_gguf(f)
             spec = arch_spec(config.arch)
             weights = load_weights(f, config)
-            check_layers(weights, LAYER_TENSORS_MOE if spec.moe else LAYER_TENSORS_DENSE, config.arch)
+            adopt_layers(spec, config, weights)
             tokenizer = Tokenizer.from_metadata(f.metadata)
         except BaseException:
             f.close()
             raise
+        if progress:
+            for o in unused(f.tensors, params.overrides):
+                progress(f"warning: override '{o}' matches no tensor of this model")
         n_ctx = params.n_ctx or config.n_ctx_train
         if n_ctx > config.n_ctx_train > 0 and progress:
             progress(f"warning: -c {n_ctx} is larger than the model's training context {config.n_ctx_train}")
@@ -116,8 +132,12 @@ class Engine:
         through upload(Weight) -> device Weight (the quantized blocks as they are, or placeholders of their size)."""
         self.placement = placement
         for lp in placement.layers:
-            if lp.device == "gpu":
-                self.weights.layers[lp.index] = {k: upload(w) for k, w in self.weights.layers[lp.index].items()}
+            if lp.experts_on_cpu:
+                check_host_experts(self.spec, self.config, self.weights.layers[lp.index])
+            if lp.device == "gpu":  # a GPU layer's routed experts may stay in host memory (-ot, --n-cpu-moe)
+                self.weights.layers[lp.index] = {
+                    k: upload(w) if placement.tensor_device(w.name) == "gpu" else w
+                    for k, w in self.weights.layers[lp.index].items()}
                 self.backends[lp.index] = gpu
         if placement.output.device == "gpu":
             self.weights.output = upload(self.weights.output)
@@ -128,6 +148,18 @@ class Engine:
     def repacks(self) -> bool:
         """Whether loading repacks the CPU layers (op offload streams their blocks to the GPU as they are)."""
         return self.params.repack and self.op_offload is None
+
+    def moe_report(self) -> str:
+        """What the GPU layers whose routed experts stay in RAM did so far, in one line ("" when none does): the
+        layer-batches the CPU ran and its time, the batches that uploaded their experts and the bytes, the last
+        one's bytes."""
+        if self.placement is None or not self.placement.n_cpu_moe:
+            return ""
+        gpu = next(b for b in self.backends if hasattr(b, "host_experts"))
+        s = gpu.host_experts.stats
+        return (f"experts in RAM: the CPU ran {s.cpu_batches} layer-batches ({s.cpu_tokens} tokens, "
+                f"{s.cpu_seconds:.2f} s); {s.gpu_batches} uploaded their experts ({format_size(s.uploaded_bytes, 2)}, "
+                f"the last {format_size(s.last_upload_bytes, 2)})")
 
     def cpu_kernels(self) -> tuple[str, ...]:
         """The compiled kernels a warm-up calls on the CPU (keys of kernels_cpu.signatures), the repack's included

@@ -19,8 +19,9 @@ from hybrid.engine.params import EngineParams
 from hybrid.errors import PlacementError
 from hybrid.model import forward
 from hybrid.plan.budget import plan_for
-from hybrid.plan.probe import (DEFAULT_MARGIN_BYTES, CeilingSearch, Prediction, Recommendation, find_ceiling,
-                               predict_max_ngl, recommend)
+from hybrid.plan.placement import PlacementPlan
+from hybrid.plan.probe import (DEFAULT_MARGIN_BYTES, CeilingSearch, Prediction, Recommendation, bisect_ceiling,
+                               find_ceiling, predict_max_ngl, recommend)
 
 _UNLIMITED = 1 << 62  # a fit lifts the plan's own budget check: the device's allocator decides
 
@@ -148,3 +149,92 @@ def choose_ngl(path, params: EngineParams, budget_bytes: int, margin_bytes: int 
         config, tensors = ModelConfig.from_gguf(f), dict(f.tensors)
     return probe_ngl(config, tensors, params, budget_bytes, margin_bytes,
                      lambda n: try_fit(path, params, n, budget_bytes))
+
+
+@dataclass(frozen=True)
+class MoeProbeResult:
+    """The smallest --n-cpu-moe with every other tensor on the GPU (-ngl all): predicted from the plan, measured
+    (None in a dry run) and recommended with the margin. Searched as m = n_layer - N GPU layers with experts, so
+    that the -ngl search (find_ceiling, recommend) applies as it is: more m, more VRAM."""
+
+    n_layer: int
+    predicted: int  # the smallest N whose plan fits the budget (n_layer + 1: none does)
+    measured: int | None  # the smallest N that allocated and ran (None: not measured)
+    recommended: int  # the smallest N >= the minimum whose plan leaves the margin
+    headroom_bytes: int  # of the recommended plan
+    gpu_bytes: int
+    attempts: tuple[FitAttempt, ...]  # FitAttempt.ngl holds the N tried
+    seconds: float
+
+    @property
+    def fits(self) -> bool:
+        """Whether -ngl all fits at all (with every layer's experts on the CPU at worst)."""
+        return self.recommended <= self.n_layer
+
+
+def _with_n_cpu_moe(params: EngineParams, n: int) -> EngineParams:
+    from dataclasses import replace  # noqa: PLC0415
+
+    from hybrid.plan.overrides import cpu_moe_overrides  # noqa: PLC0415
+
+    return replace(params, n_gpu_layers="all", overrides=params.overrides + cpu_moe_overrides(n_cpu_moe=n))
+
+
+def probe_n_cpu_moe(config: ModelConfig, tensors: Mapping, params: EngineParams, budget_bytes: int,
+                    margin_bytes: int = DEFAULT_MARGIN_BYTES, fit: Callable[[EngineParams], FitAttempt] | None = None,
+                    on_attempt: Callable[[FitAttempt], None] | None = None) -> MoeProbeResult:
+    """For an MoE model: the smallest --n-cpu-moe N at -ngl all, predicted from the plan (params' other flags),
+    measured with fit(params with N) (e.g. try_fit at -ngl all; None: the prediction stands) among the N whose
+    plan `hybrid run` accepts (so the measured minimum runs, and one below it is refused in one line), and
+    recommended as the smallest N at or above it whose plan leaves margin_bytes of headroom."""
+    n_layer = config.n_layer
+    inputs_of = lambda m: _with_n_cpu_moe(params, n_layer - m).plan_inputs(params.n_ctx or config.n_ctx_train)  # noqa: E731
+
+    def plan_m(m: int) -> PlacementPlan:
+        return plan_for(config, tensors, budget_bytes, "all", inputs_of(m))
+
+    def plan_fits(m: int) -> bool:
+        try:
+            plan_fn = plan_for(config, tensors, _UNLIMITED, "all", inputs_of(m))
+        except PlacementError:
+            return False
+        return plan_fn.gpu_total_bytes <= budget_bytes
+
+    predicted_m = bisect_ceiling(plan_fits, 0, n_layer)  # -1: not even N = n_layer fits
+    attempts: list[FitAttempt] = []
+    measured_m = None
+    if fit is not None:
+        def fits(m: int) -> bool:
+            try:  # what `hybrid run` refuses is no minimum, whatever the device would hold
+                plan_m(m)
+            except PlacementError as exc:
+                a = FitAttempt(n_layer - m, False, 0, f"refused by the plan: {exc}")
+            else:
+                a = fit(_with_n_cpu_moe(params, n_layer - m))
+                a = FitAttempt(n_layer - m, a.fits, a.peak_bytes, a.error, a.seconds)
+            attempts.append(a)
+            if on_attempt is not None:
+                on_attempt(a)
+            return a.fits
+
+        measured_m = find_ceiling(fits, max(predicted_m, 0), n_layer).ceiling
+    ceiling_m = predicted_m if measured_m is None else measured_m
+    if ceiling_m < 0:
+        rec_m, headroom, gpu = -1, 0, 0
+    else:
+        rec = recommend(ceiling_m, plan_m, margin_bytes)
+        rec_m, headroom, gpu = rec.ngl, rec.headroom_bytes, rec.gpu_bytes
+    return MoeProbeResult(n_layer, n_layer - predicted_m, None if measured_m is None else n_layer - measured_m,
+                          n_layer - rec_m, headroom, gpu, tuple(attempts), round(sum(a.seconds for a in attempts), 1))
+
+
+def choose_n_cpu_moe(path, params: EngineParams, budget_bytes: int,
+                     margin_bytes: int = DEFAULT_MARGIN_BYTES) -> MoeProbeResult:
+    """`-ngl auto` on an MoE model: probe_n_cpu_moe measured on the device, each attempt at -ngl all."""
+    from gguf_io import open_gguf  # noqa: PLC0415
+
+    with open_gguf(path) as f:
+        config, tensors = ModelConfig.from_gguf(f), dict(f.tensors)
+    n_max = config.n_layer + 1
+    return probe_n_cpu_moe(config, tensors, params, budget_bytes, margin_bytes,
+                           lambda p: try_fit(path, p, n_max, budget_bytes))

@@ -43,6 +43,18 @@ def resolve_gpu_layers(path: Path, params: EngineParams, progress: Progress) -> 
         with open_gguf(path) as f:
             n_ctx = ModelConfig.from_gguf(f).n_ctx_train
     budget = params.vram_budget if params.vram_budget is not None else gpus[0].free_bytes
+    with open_gguf(path) as f:
+        moe_model = ModelConfig.from_gguf(f).n_expert > 0
+    if moe_model and not params.overrides:  # every layer on the GPU, the experts of the first N in RAM
+        from hybrid.engine.fit import choose_n_cpu_moe  # noqa: PLC0415
+        from hybrid.plan.overrides import cpu_moe_overrides  # noqa: PLC0415
+
+        moe = choose_n_cpu_moe(path, replace(params, n_ctx=n_ctx), budget, DEFAULT_MARGIN_BYTES)
+        if moe.fits:
+            progress(f"-ngl auto: an MoE model; predicted --n-cpu-moe {moe.predicted}, measured {moe.measured} "
+                     f"({len(moe.attempts)} attempts, {moe.seconds} s), using -ngl all --n-cpu-moe {moe.recommended} "
+                     f"(1 GiB of headroom)")
+            return replace(params, n_gpu_layers="all", overrides=cpu_moe_overrides(n_cpu_moe=moe.recommended))
     found = choose_ngl(path, replace(params, n_ctx=n_ctx), budget, DEFAULT_MARGIN_BYTES)
     chosen = found.recommendation.ngl
     progress(f"-ngl auto: predicted {found.prediction.ngl}, measured ceiling {found.ceiling} "

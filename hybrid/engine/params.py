@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybrid.plan.budget import Ngl, PlanInputs, parse_ngl
+from hybrid.plan.overrides import Override
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,6 +27,8 @@ class EngineParams:
     # CLI turns it on (llama.cpp's default; --no-op-offload); off here, so a library caller's -ngl 0 stays on the CPU.
     op_offload: bool = False
     repack: bool = True  # --no-repack: False keeps the CPU layers' matrices as in the file (backends/repack.py)
+    # -ot/--override-tensor, --cpu-moe, --n-cpu-moe as one ordered list (hybrid.plan.overrides.build_overrides)
+    overrides: tuple[Override, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "n_gpu_layers", parse_ngl(self.n_gpu_layers))
@@ -33,4 +36,5 @@ class EngineParams:
     def plan_inputs(self, n_ctx: int | None = None) -> PlanInputs:
         """The flags that decide the placement's bytes (n_ctx: the resolved context when params.n_ctx is 0)."""
         return PlanInputs(n_ctx=n_ctx or self.n_ctx, n_ubatch=min(self.n_ubatch, self.n_batch), type_k=self.type_k,
-                          type_v=self.type_v, flash_attn=self.flash_attn, op_offload=self.op_offload)
+                          type_v=self.type_v, flash_attn=self.flash_attn, op_offload=self.op_offload,
+                          overrides=self.overrides)

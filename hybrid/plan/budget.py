@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from gguf_io import ModelConfig
 
+from hybrid.plan.overrides import Override
 from hybrid.plan.placement import (GEMM_CHUNK_ELEMENTS, GPU_OVERHEAD_BYTES, Ngl, PlacementPlan, kv_bytes_per_cell, parse_ngl, plan,
                                   scratch_bytes)
 from hybrid.system.sizes import MiB
@@ -27,6 +28,7 @@ class PlanInputs:
     type_v: str = "f16"
     flash_attn: bool = True
     op_offload: bool = False  # streamed prefill of CPU layers: its buffers count where layers stay on the CPU
+    overrides: tuple[Override, ...] = ()  # -ot, --cpu-moe, --n-cpu-moe (hybrid.plan.overrides), tried in order
 
 
 def row_pieces(n_rows: int, row_bytes: int, max_bytes: int = STREAM_PIECE_MAX_BYTES) -> list[tuple[int, int]]:
@@ -79,5 +81,5 @@ def plan_for(config: ModelConfig, tensors: Mapping, budget_bytes: int | None, ng
     """The plan of a run with these flags under budget_bytes (None: no GPU). Our cache holds n_ctx cells in
     sliding-window layers too (llama.cpp's swa_full)."""
     return plan(config, tensors, budget_bytes, parse_ngl(ngl), inputs.n_ctx, inputs.type_k, inputs.type_v,
-                inputs.n_ubatch, inputs.flash_attn, swa_full=True,
+                inputs.n_ubatch, inputs.flash_attn, overrides=inputs.overrides, swa_full=True,
                 overhead_bytes=overhead_bytes(config, tensors, inputs, ngl))

@@ -45,7 +45,8 @@ def plan_rows(plan: PlacementPlan, collapse: bool = False) -> ExplainTable:
         note = f"sliding window, {l.kv_cells} cells" if l.swa else ""
         if l.device == "gpu" and l.experts_on_cpu:
             layer_rows.append((l.index, ExplainRow(f"blk.{l.index}", "gpu", l.gpu_weight_bytes, l.kv_bytes, note)))
-            layer_rows.append((l.index, ExplainRow(f"blk.{l.index} experts", "cpu", l.expert_bytes, 0, "--n-cpu-moe")))
+            layer_rows.append((l.index, ExplainRow(f"blk.{l.index} experts", "cpu", l.expert_bytes, 0,
+                                                   "routed experts, computed by the CPU")))
         else:
             layer_rows.append((l.index, ExplainRow(f"blk.{l.index}", l.device, l.weight_bytes, l.kv_bytes, note)))
     rows += _collapse(layer_rows) if collapse else [r for _, r in layer_rows]
@@ -87,6 +88,14 @@ def _collapse(indexed: list[tuple[int, ExplainRow]]) -> list[ExplainRow]:
     return out
 
 
+def _layers(layers) -> str:
+    """"layers 0-17" for a run, else the indices listed."""
+    idx = [l.index for l in layers]
+    if idx == list(range(idx[0], idx[-1] + 1)):
+        return f"layer {idx[0]}" if len(idx) == 1 else f"layers {idx[0]}-{idx[-1]}"
+    return "layers " + ",".join(map(str, idx))
+
+
 def _span(indices: list[int]) -> str:
     return "none" if not indices else f"{indices[0]}" if len(indices) == 1 else f"{indices[0]}-{indices[-1]}"
 
@@ -126,8 +135,11 @@ def reasons(plan: PlacementPlan, next_parts: tuple[int, ...] | None = None) -> t
     out.append(f"token_embd.weight ({format_size(p.embedding_bytes)}) stays on the CPU: its rows are gathered there")
     moe = [l for l in p.layers if l.experts_on_cpu]
     if moe:
-        out.append(f"--n-cpu-moe {p.n_cpu_moe}: experts of layers {_span([l.index for l in moe])} stay on the CPU "
-                   f"({format_size(sum(l.expert_bytes for l in moe))})")
+        out.append(f"routed experts of {len(moe)} GPU layers stay in RAM, run by the CPU ({_layers(moe)}, "
+                   f"{format_size(sum(l.expert_bytes for l in moe))}); their attention, norms and router on the GPU")
+    given = [str(o) for o in p.overrides if o.explicit]
+    if given:
+        out.append(f"-ot, tried in order before --cpu-moe / --n-cpu-moe: {'; '.join(given)}")
     if k >= 1:
         out.append(f"compute buffers {format_size(p.scratch.total)} ({_buffers(p.scratch)}) "
                    f"+ overhead {format_size(p.overhead_bytes)}")
@@ -140,5 +152,6 @@ def reasons(plan: PlacementPlan, next_parts: tuple[int, ...] | None = None) -> t
 
 
 def _buffers(s) -> str:
+    staging = f", upload slots of experts in RAM {format_size(s.staging)}" if s.staging else ""
     return (f"peak of live buffers {format_size(s.peak)}: in a layer {format_size(s.activations)}, output layer "
-            f"{format_size(s.logits)}; pool slack {format_size(s.slack)}")
+            f"{format_size(s.logits)}{staging}; pool slack {format_size(s.slack)}")

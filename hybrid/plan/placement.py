@@ -19,9 +19,10 @@ from typing import Mapping
 
 from gguf_io import ModelConfig
 
-from hybrid.errors import HybridError, PlacementError
+from hybrid.errors import HybridError, PlacementError, UnsupportedPlacement
 from hybrid.kv.types import check_kv_types, kv_row_bytes
 from hybrid.plan.explain import reasons
+from hybrid.plan.overrides import CPU_DEVICE, GPU_DEVICE, Override, cpu_moe_overrides, resolve_all
 from hybrid.system.sizes import MiB, format_pair, format_size
 
 # The CUDA context, cuBLAS workspace, loaded kernel images and the decode graphs' private pools: what a GPU
@@ -36,6 +37,9 @@ GEMM_MIN_TOKENS = 9
 MATVEC_MAX_TOKENS = 8  # as kernels_gpu.matmul: an MoE batch of up to this many tokens takes the decode path
 MOE_PAD_FREE_ROWS = 32  # as kernels_gpu.moe.PAD_FREE_ROWS: prefill pads an expert's group up to this many rows
 GEMM_CHUNK_ELEMENTS = 1 << 26
+# As hybrid/backends/host_experts.py: a big batch's experts kept in RAM are uploaded into this many device slots of
+# a run of experts each (moe_max_run of them), allocated once.
+HOST_STAGING_SLOTS = 3
 # As kernels_gpu.matmul.matmul_many: q/k/v whose n_out x n_in sum is at most this are dequantized into one fp16
 # scratch (one chunk reused) for one GEMM into a (T, sum n_out) product, then copied out per weight.
 GEMM_STACK_ELEMENTS = GEMM_CHUNK_ELEMENTS
@@ -61,7 +65,7 @@ class LayerPlacement:
     device: str  # "gpu" or "cpu"
     weight_bytes: int  # every blk.{index}.* tensor
     expert_bytes: int  # of which MoE expert tensors (ffn_{gate,up,down}_exps)
-    experts_on_cpu: bool  # --n-cpu-moe: the experts stay in RAM even when the layer is on the GPU
+    experts_on_cpu: bool  # -ot/--n-cpu-moe: the routed experts stay in RAM even when the layer is on the GPU
     kv_bytes: int  # K + V cache, on the layer's device
     kv_cells: int  # positions the cache holds (n_ctx, or the sliding window)
     swa: bool
@@ -103,11 +107,12 @@ class ScratchEstimate:
     activations: int  # live peak inside a GPU layer (0 when only the output layer is on the GPU)
     logits: int  # live peak of the output layer: T x n_vocab logits and their GEMM staging
     slack: int  # freed blocks the pool cannot give back
+    staging: int = 0  # upload slots of experts kept in RAM (-ot, --n-cpu-moe), held from the first big batch on
 
     @property
     def peak(self) -> int:
         """Bytes alive at once: the least the pool must hold, so an -ngl that needs more cannot run."""
-        return max(self.activations, self.logits)
+        return max(self.activations, self.logits) + self.staging
 
     @property
     def total(self) -> int:
@@ -138,7 +143,7 @@ class PlacementPlan:
     type_v: str
     n_ubatch: int
     flash_attn: bool
-    n_cpu_moe: int
+    overrides: tuple[Override, ...]  # -ot, --cpu-moe, --n-cpu-moe in the order they are tried
     reasons: tuple[str, ...]
 
     @property
@@ -170,9 +175,27 @@ class PlacementPlan:
     def headroom_bytes(self) -> int:
         return self.budget_bytes - self.gpu_total_bytes
 
+    @property
+    def n_cpu_moe(self) -> int:
+        """How many layers keep their routed experts on the CPU (whatever overrides said so)."""
+        return sum(l.experts_on_cpu for l in self.layers)
+
+    def tensor_device(self, name: str) -> str:
+        """Where tensor `name` lives under this plan: "gpu" or "cpu" (a tied output layer on the GPU is a copy of
+        token_embd.weight, which itself stays on the CPU)."""
+        m = _LAYER.match(name)
+        if m and int(m.group(1)) < self.n_layer:
+            lp = self.layers[int(m.group(1))]
+            return CPU if lp.experts_on_cpu and _EXPERTS.match(name) else lp.device
+        if name in ("output.weight", "output_norm.weight"):
+            return self.output.device
+        return CPU
+
 
 def kv_bytes_per_cell(config: ModelConfig, type_k: str = "f16", type_v: str = "f16") -> int:
     """Bytes one position takes in one layer's K and V cache (all KV heads)."""
+    if config.n_lora_kv:  # MLA: one row [latent | rope key], read as the key and the value (hybrid.kv.cache)
+        return config.n_head_kv * kv_row_bytes(type_k, config.n_embd_head_k)
     return config.n_head_kv * (kv_row_bytes(type_k, config.n_embd_head_k) + kv_row_bytes(type_v, config.n_embd_head_v))
 
 
@@ -265,6 +288,26 @@ def _moe_bytes(t: int, c: ModelConfig) -> int:
     return routing + _pool_bytes(4 * (rows + t * k)) + max(gate_up, glu, down) + f32(t, n)
 
 
+def moe_max_run(shapes: tuple) -> int:
+    """As kernels_gpu.moe.max_run: experts one dequantized fp16 chunk holds for the largest of the projections
+    (shapes: the (n_out, n_in) of gate, up and down)."""
+    return max(1, GEMM_CHUNK_ELEMENTS // max(1, max(n_out * n_in for n_out, n_in in shapes)))
+
+
+def host_staging_bytes(tensors: Mapping, layers) -> int:
+    """The device slots a big batch uploads the RAM-kept experts of `layers` through: HOST_STAGING_SLOTS runs of
+    experts of the largest of their tensors (0 when no layer is given)."""
+    best = 0
+    for il in layers:
+        ts = [tensors.get(f"blk.{il}.ffn_{p}_exps.weight") for p in ("gate", "up", "down")]
+        if any(t is None or len(t.shape) != 3 for t in ts):
+            continue
+        shapes = tuple(tuple(int(d) for d in t.shape[1:]) for t in ts)
+        n_expert = int(ts[0].shape[0])  # a run never holds more than the layer's experts
+        best = max(best, min(n_expert, moe_max_run(shapes)) * max(t.nbytes // n_expert for t in ts))
+    return HOST_STAGING_SLOTS * _pool_bytes(best) if best else 0
+
+
 def _pool_bytes(n: int) -> int:
     return -(-n // POOL_UNIT) * POOL_UNIT
 
@@ -313,19 +356,23 @@ def _chunk_bytes(n_in: int, n_out: int) -> int:
 
 def plan(config: ModelConfig, tensors: Mapping, budget_bytes: int | None, ngl: int | str, n_ctx: int,
          type_k: str = "f16", type_v: str = "f16", n_ubatch: int = 512, flash_attn: bool = True, *,
-         n_cpu_moe: int = 0, swa_full: bool = False, overhead_bytes: int = GPU_OVERHEAD_BYTES) -> PlacementPlan:
+         overrides: tuple[Override, ...] = (), n_cpu_moe: int = 0, swa_full: bool = False,
+         overhead_bytes: int = GPU_OVERHEAD_BYTES) -> PlacementPlan:
     """The placement for `ngl` (an int >= 0, "all", or "auto": the largest that fits `budget_bytes`).
 
     `tensors` maps names to objects with `.nbytes` (GGUFFile.tensors). budget None means no GPU (0 bytes).
-    Raises PlacementError (one line, with the numbers) when the requested layers do not fit, ValueError for
-    arguments out of range (unknown KV type, n_ctx < 1, ...).
+    `overrides` (hybrid.plan.overrides, tried in order, first match wins) move tensors off their layer's device:
+    a GPU layer's routed experts to the CPU (`n_cpu_moe` adds --n-cpu-moe's overrides after them); other moves
+    are refused with a PlacementError naming the tensor. Raises PlacementError (one line, with the numbers) when
+    the requested layers do not fit, ValueError for arguments out of range (unknown KV type, n_ctx < 1, ...).
     """
     budget = 0 if budget_bytes is None else int(budget_bytes)
     type_k, type_v = check_kv_types(type_k, type_v)
     if budget < 0 or n_ctx < 1 or n_ubatch < 1 or n_cpu_moe < 0:
         raise ValueError(f"need budget >= 0, n_ctx >= 1, n_ubatch >= 1, n_cpu_moe >= 0; found {budget}, {n_ctx}, "
                          f"{n_ubatch}, {n_cpu_moe}")
-    costs = _Costs(config, tensors, n_ctx, type_k, type_v, n_ubatch, flash_attn, n_cpu_moe, swa_full, overhead_bytes)
+    overrides = tuple(overrides) + cpu_moe_overrides(n_cpu_moe=n_cpu_moe)
+    costs = _Costs(config, tensors, n_ctx, type_k, type_v, n_ubatch, flash_attn, overrides, swa_full, overhead_bytes)
     n_max = config.n_layer + 1
     totals = [costs.gpu_parts(k) for k in range(n_max + 1)]
     max_fit = max(k for k in range(n_max + 1) if sum(totals[k]) <= budget)  # k = 0 costs nothing: always fits
@@ -338,6 +385,7 @@ def plan(config: ModelConfig, tensors: Mapping, budget_bytes: int | None, ngl: i
     least = (w, kv, costs.scratch(k).peak, overhead)
     if sum(least) > budget:
         raise PlacementError(_too_big(k, least, budget, max_fit))
+    costs.check_overrides(k)
     return costs.build(k, max_fit, ngl, budget, totals[k], totals[k + 1] if k < n_max else None)
 
 
@@ -370,9 +418,10 @@ def _too_big(k: int, parts: tuple[int, int, int, int], budget: int, max_fit: int
 class _Costs:
     """The bytes of every part of the model once; gpu_parts(k) and build(k) for any -ngl k."""
 
-    def __init__(self, config, tensors, n_ctx, type_k, type_v, n_ubatch, flash_attn, n_cpu_moe, swa_full, overhead):
+    def __init__(self, config, tensors, n_ctx, type_k, type_v, n_ubatch, flash_attn, overrides, swa_full, overhead):
         c = self.config = config
-        self.settings = (n_ctx, type_k, type_v, n_ubatch, flash_attn, n_cpu_moe)
+        self.tensors = tensors
+        self.settings = (n_ctx, type_k, type_v, n_ubatch, flash_attn, overrides)
         self.overhead = overhead
         n = c.n_layer
         self.weights, self.experts = [0] * n, [0] * n
@@ -398,7 +447,21 @@ class _Costs:
         per_cell = kv_bytes_per_cell(c, type_k, type_v)
         self.cells = [kv_cells(c, il, n_ctx, n_ubatch, swa_full) for il in range(n)]
         self.kv = [cells * per_cell for cells in self.cells]
-        self.cpu_moe = [il < n_cpu_moe for il in range(n)]
+        self.moved = resolve_all(tensors, overrides)  # tensor -> "CPU" / "CUDA0", for the ones an override matches
+        self.cpu_moe = [False] * n
+        experts: dict[int, list[str]] = {}
+        for name in tensors:
+            m = _LAYER.match(name)
+            if m and int(m.group(1)) < n and _EXPERTS.match(name):
+                experts.setdefault(int(m.group(1)), []).append(name)
+        for il, names in experts.items():
+            on_cpu = [self.moved.get(name) == CPU_DEVICE for name in names]
+            if any(on_cpu) and not all(on_cpu):
+                split = next(nm for nm, c_ in zip(names, on_cpu) if not c_)
+                raise UnsupportedPlacement(f"the overrides move some routed-expert tensors of layer {il} to the CPU but not "
+                                     f"{split}: hybrid keeps a layer's experts together (use a pattern such as "
+                                     f"'blk\\.{il}\\.ffn_.*_exps=CPU')")
+            self.cpu_moe[il] = all(on_cpu)
 
     def on_gpu(self, il: int, k: int) -> bool:
         return il >= self.config.n_layer + 1 - k
@@ -412,16 +475,43 @@ class _Costs:
         kv = sum(self.kv[il] for il in gpu)
         return weights, kv, self.scratch(k).total, self.overhead
 
+    def check_overrides(self, k: int) -> None:
+        """PlacementError for an override hybrid cannot carry out at -ngl k: what is not a GPU layer's routed
+        experts moved to the CPU (or a no-op: a tensor sent where it goes anyway)."""
+        n = self.config.n_layer
+        for name, device in self.moved.items():
+            m = _LAYER.match(name)
+            if m and int(m.group(1)) < n:
+                il = int(m.group(1))
+                here = GPU_DEVICE if self.on_gpu(il, k) else CPU_DEVICE
+                if device == here or (device == CPU_DEVICE and self.cpu_moe[il]):
+                    continue
+                where = f"layer {il} is on the {'GPU' if here == GPU_DEVICE else 'CPU'} (-ngl {k})"
+            elif name in ("output.weight", "output_norm.weight"):
+                here = GPU_DEVICE if k >= 1 else CPU_DEVICE
+                if device == here:
+                    continue
+                where = f"the output layer is on the {'GPU' if k >= 1 else 'CPU'} (-ngl {k})"
+            elif device == CPU_DEVICE:
+                continue  # token_embd and the other non-layer tensors are on the CPU already
+            else:
+                where = f"{name} stays on the CPU"
+            raise UnsupportedPlacement(f"override {name}={device} is not supported: {where}; hybrid moves whole layers "
+                                 f"(-ngl) and a GPU layer's routed experts to the CPU (-ot '...ffn_.*_exps=CPU', "
+                                 f"--cpu-moe, --n-cpu-moe)")
+
     def scratch(self, k: int) -> ScratchEstimate:
         n_ctx, _, _, n_ubatch, flash_attn, _ = self.settings
         max_cells = max((self.cells[il] for il in range(self.config.n_layer) if self.on_gpu(il, k)), default=0)
-        return scratch_bytes(self.config, n_ctx, n_ubatch, flash_attn, k, max_cells, self.qkv_bias)
+        s = scratch_bytes(self.config, n_ctx, n_ubatch, flash_attn, k, max_cells, self.qkv_bias)
+        host = [il for il in range(self.config.n_layer) if self.on_gpu(il, k) and self.cpu_moe[il]]
+        return replace(s, staging=host_staging_bytes(self.tensors, host)) if host else s
 
     def build(self, k: int, max_fit: int, requested, budget: int, parts, next_parts) -> PlacementPlan:
-        n_ctx, type_k, type_v, n_ubatch, flash_attn, n_cpu_moe = self.settings
+        n_ctx, type_k, type_v, n_ubatch, flash_attn, overrides = self.settings
         layers = tuple(
             LayerPlacement(il, GPU if self.on_gpu(il, k) else CPU, self.weights[il], self.experts[il],
-                           self.cpu_moe[il] and self.experts[il] > 0, self.kv[il], self.cells[il],
+                           self.on_gpu(il, k) and self.cpu_moe[il] and self.experts[il] > 0, self.kv[il], self.cells[il],
                            bool(self.config.n_swa) and self.config.swa_layers[il])
             for il in range(self.config.n_layer)
         )
@@ -433,5 +523,5 @@ class _Costs:
         cpu_w = self.embedding + self.other + sum(l.cpu_weight_bytes for l in layers) + (out_bytes if k == 0 else 0)
         cpu_kv = sum(l.kv_bytes for l in layers if l.device == CPU)
         p = PlacementPlan(layers, output, self.embedding, self.other, k, max_fit, requested, budget, weights, kv,
-                          scratch, overhead, cpu_w, cpu_kv, n_ctx, type_k, type_v, n_ubatch, flash_attn, n_cpu_moe, ())
+                          scratch, overhead, cpu_w, cpu_kv, n_ctx, type_k, type_v, n_ubatch, flash_attn, overrides, ())
         return replace(p, reasons=reasons(p, next_parts))

@@ -16,10 +16,12 @@ from math import sqrt
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
+
 from gguf_io.config import SUPPORTED_ARCHITECTURES
 from gguf_io.metadata import F32, STRING, U32
 
-from hybrid.tools.synth.blocks import chunk_jobs
+from hybrid.tools.synth.blocks import chunk_jobs, random_tensor
 from hybrid.tools.synth.qtypes import tensor_type
 from hybrid.tools.synth.vocab import synthetic_vocab, vocab_from_gguf
 from gguf_io.writer import GGUFLayout, TensorEntry, layout, write_gguf
@@ -44,6 +46,10 @@ class ModelShape:
     n_swa: int = 512  # gemma3 sliding window
     rope_freq_base: float | None = None
     rms_eps: float | None = None
+    # qwen3moe: a skewed router. Router row e (expert e) is scaled by (1 + rank)^-router_skew, ranks shuffled per
+    # layer, the scales' mean square 1: the experts with the widest logits win the top-k most often, a Zipf-like
+    # share of the tokens (0: every expert alike, as a random router; trained routers are skewed)
+    router_skew: float = 0.0
 
 
 PRESETS: dict[str, ModelShape] = {
@@ -109,6 +115,16 @@ class Draw:
 
     std: float
     mean: float = 0.0
+    row_scale: tuple[float, ...] = ()  # F32 only: row i (ne[0] values) times row_scale[i]
+
+
+def router_row_scales(n_expert: int, skew: float, il: int) -> tuple[float, ...]:
+    """The router row scales of layer il for ModelShape.router_skew: (1 + rank)^-skew over a per-layer shuffle of
+    the experts (seeded by il), normalized to a mean square of 1."""
+    ranks = np.random.default_rng([0x5EED, il]).permutation(n_expert)
+    scale = (1.0 + ranks) ** -float(skew)
+    scale /= np.sqrt(np.mean(scale ** 2))
+    return tuple(float(v) for v in scale)
 
 
 def tensor_list(arch: str, s: ModelShape) -> list[tuple[str, tuple[int, ...], str, int, Draw]]:
@@ -143,6 +159,9 @@ def tensor_list(arch: str, s: ModelShape) -> list[tuple[str, tuple[int, ...], st
         vec(p + "ffn_norm.weight", "ffn_norm", il, s.n_embd)
         if arch == "qwen3moe":
             mat(p + "ffn_gate_inp.weight", "ffn_gate_inp", il, s.n_embd, s.n_expert)
+            if s.router_skew:
+                name, ne, kind, _, d = out[-1]
+                out[-1] = (name, ne, kind, il, replace(d, row_scale=router_row_scales(s.n_expert, s.router_skew, il)))
             mat(p + "ffn_gate_exps.weight", "ffn_gate_exps", il, s.n_embd, s.n_ff_exp, s.n_expert)
             mat(p + "ffn_up_exps.weight", "ffn_up_exps", il, s.n_embd, s.n_ff_exp, s.n_expert)
             mat(p + "ffn_down_exps.weight", "ffn_down_exps", il, s.n_ff_exp, s.n_embd, s.n_expert)
@@ -173,7 +192,7 @@ class SynthPlan:
 
 _FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
                "Q3_K": 12, "Q4_K": 14, "Q5_K": 16, "Q6_K": 18, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32,
-               "Q4_K_M": 15}  # llama_ftype (uniform K types named by their _S/_M variant)
+               "Q4_K_M": 15, "MXFP4": 38, "MXFP4_MOE": 38}  # llama_ftype (uniform K types by their _S/_M variant)
 
 
 def _hparams(arch: str, s: ModelShape, qtype_mix: str, name: str) -> list[tuple[str, object, object]]:
@@ -246,6 +265,13 @@ def write_plan(path: str | Path, plan: SynthPlan, seed: int = 0, threads: int | 
 
         def data(t: TensorEntry):
             d = draws[t.name]
+            if d.row_scale:  # a small F32 matrix (the router): drawn whole, each row scaled
+                if t.type_name != "F32":
+                    raise ValueError(f"{t.name}: row scales need an F32 tensor, not {t.type_name}")
+                vals = random_tensor(seed, t.name, "F32", t.n_elements, d.std, d.mean).view("<f4")
+                scale = np.asarray(d.row_scale, dtype=np.float32)
+                yield (vals.reshape(len(scale), -1) * scale[:, None]).astype("<f4").reshape(-1).view(np.uint8)
+                return
             pending = deque()
             for job in chunk_jobs(seed, t.name, t.type_name, t.n_elements, d.std, d.mean):
                 pending.append(pool.submit(job))

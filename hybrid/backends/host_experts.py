@@ -1,0 +1,269 @@
+"""A GPU layer whose routed experts stay in host memory (-ot '...ffn_.*_exps=CPU', --cpu-moe, --n-cpu-moe).
+
+The GPU computes the layer's attention, norms and router and routes the tokens (kernels_gpu.moe.route). Then:
+- a batch of fewer than `min_batch` tokens (decode, short prompts): the normed hidden state, the expert ids and
+  their weights cross to pinned host memory once, the CPU runs the selected experts in its compiled MoE kernel
+  (kernels_cpu.moe.moe_experts, threads over experts and rows, no Python loop over experts), and the weighted sum
+  crosses back once. Inside a decode step this is a host break of the CUDA graph (kernels_gpu.graph): the pieces
+  before and after it stay captured.
+- a bigger batch (prefill): only the experts the batch routes to are uploaded from host memory, a run of experts
+  at a time, and multiplied on the GPU (kernels_gpu.moe.prefill), as llama.cpp's op offload does for
+  GGML_OP_MUL_MAT_ID; `min_batch` is llama.cpp's rule, n_expert / n_expert_used * 32 tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from kernels_cpu import moe as cpu_moe_kernels
+from kernels_cpu.activations import GELU_F16_TABLE
+
+from hybrid.backends.cpu_fused import _GLU_OP
+from hybrid.backends.cpu_moe import _EMPTY, _experts, moe_fusable
+from hybrid.errors import UnsupportedPlacement
+from hybrid.model.weights import Weight
+from hybrid.plan.placement import HOST_STAGING_SLOTS, moe_max_run
+
+EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+OFFLOAD_TOKENS_PER_EXPERT = 32  # llama.cpp: a MUL_MAT_ID is offloaded at >= 32 tokens per used expert on average
+STAGING_SLOTS = HOST_STAGING_SLOTS  # device slots of a batch's uploads: one read by the kernels, two filled ahead
+
+
+def staging_slot_bytes(shapes: tuple, expert_bytes: int, n_expert: int) -> int:
+    """One staging slot: a run of experts as kernels_gpu.moe.prefill dequantizes them (as many as one fp16 chunk
+    holds for the layer's largest projection, `shapes` the (n_out, n_in) of gate, up, down), of the largest of the
+    three tensors' per-expert bytes. The plan reserves STAGING_SLOTS of them (placement.host_staging_bytes)."""
+    return min(n_expert, moe_max_run(shapes)) * expert_bytes
+
+
+def offload_min_batch(n_expert: int, n_expert_used: int) -> int:
+    """The smallest batch whose routed experts are uploaded and run on the GPU (llama.cpp's op offload rule for
+    MUL_MAT_ID: n_expert / n_expert_used * 32 tokens)."""
+    return max(1, n_expert * OFFLOAD_TOKENS_PER_EXPERT // max(1, n_expert_used))
+
+
+def has_host_experts(lw: dict[str, Weight]) -> bool:
+    """Whether this layer's routed-expert matrices are host (numpy) arrays."""
+    return all(n in lw and isinstance(lw[n].raw, np.ndarray) for n in EXPERT_TENSORS)
+
+
+def check_host_experts(spec, cfg, lw: dict[str, Weight]) -> None:
+    """UnsupportedPlacement unless this GPU layer's routed experts can stay in RAM: plain softmax routing (what
+    the device's routing kernel does) and expert types of the CPU's compiled MoE kernel."""
+    from hybrid.model.arch.moe import fused_moe_ok  # noqa: PLC0415
+
+    if not fused_moe_ok(spec, cfg, lw):
+        raise UnsupportedPlacement(f"{cfg.arch}: routed experts in RAM beside a GPU layer need plain softmax "
+                                   f"routing and bias-free SwiGLU/GeGLU experts; this model's MoE runs only with "
+                                   f"whole layers (-ngl) for now")
+    if not moe_fusable(spec, lw):
+        w = lw["ffn_gate_exps"]
+        raise UnsupportedPlacement(f"{w.name}: routed experts of type {w.type_name} have no CPU MoE kernel; keep them on "
+                             f"the GPU (drop the override or --n-cpu-moe)")
+
+
+def upload_dequantizer(gpu, w: Weight):
+    """kernels_gpu.moe.prefill's dequantizer for the host expert tensor w: experts [e0, e1) uploaded through the
+    GPU backend's pinned stager (one contiguous slice of the host tensor), then dequantized to fp16 into `out`."""
+    from kernels_gpu.matmul import dequantize  # noqa: PLC0415
+
+    def dequant(e0: int, e1: int, out) -> None:
+        part = w.raw[e0:e1]  # (e1 - e0, n_out, row_bytes)
+        dev = gpu.upload(Weight(w.name, w.type_name, part.shape, part)).raw
+        dequantize(dev.reshape(-1, part.shape[2]), w.type_name, dtype=np.float16, out=out)
+
+    return dequant
+
+
+@dataclass
+class HostExpertStats:
+    cpu_batches: int = 0  # batches whose experts the CPU ran
+    cpu_tokens: int = 0
+    cpu_seconds: float = 0.0  # wall time of the CPU's expert calls (the GPU waits meanwhile)
+    gpu_batches: int = 0  # batches whose used experts were uploaded to the GPU
+    uploaded_bytes: int = 0  # expert bytes uploaded for them
+    last_upload_bytes: int = 0  # of the last such batch (--verbose)
+
+
+class _Pinned:
+    """Page-locked host buffers of one (layer, batch size): h, ids, weights in; the experts' sum out."""
+
+    def __init__(self, n_tok: int, n_embd: int, n_used: int) -> None:
+        import cupy  # noqa: PLC0415
+
+        def buf(shape, dtype):
+            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            mem = cupy.cuda.alloc_pinned_memory(max(nbytes, 1))
+            return mem, np.frombuffer(mem, dtype, int(np.prod(shape))).reshape(shape)
+
+        self._mems = []
+        for name, shape, dtype in (("h", (n_tok, n_embd), np.float32), ("ids", (n_tok, n_used), np.int32),
+                                   ("w", (n_tok, n_used), np.float32), ("out", (n_tok, n_embd), np.float32)):
+            mem, arr = buf(shape, dtype)
+            self._mems.append(mem)
+            setattr(self, name, arr)
+
+
+class HostExperts:
+    """Runs the MoE FFN of GPU layers whose experts are in host memory (see the module docstring). One per
+    GpuBackend; `min_batch` None: llama.cpp's rule per layer (offload_min_batch); 0: never upload experts
+    (--no-op-offload: every batch's experts on the CPU)."""
+
+    def __init__(self, gpu, min_batch: int | None = None) -> None:
+        self.gpu = gpu
+        self.min_batch = min_batch
+        self.stats = HostExpertStats()
+        self._pinned: dict[tuple[int, int], _Pinned] = {}  # (id of the layer's gate tensor, n_tok) -> buffers
+        self._layers: dict[int, tuple] = {}  # id of the gate tensor -> (its Weight, the CPU kernel's arguments)
+        self._spans: list[tuple[int, int]] = []  # host spans page-locked by register()
+        self._ring = None  # kernels_gpu.transfer.CopyRing: batches' uploads straight from the locked pages
+
+    def register(self, layers: list[dict[str, Weight]]) -> str:
+        """Page-lock the host expert tensors of `layers` in place, so a big batch's uploads read them by DMA at full
+        PCIe speed, on a copy stream, ahead of their use (else each run is staged through pinned buffers by the
+        host). Returns "" when registered, else why not. They stay locked (resident, as with --mlock) while this
+        object lives."""
+        import weakref  # noqa: PLC0415
+
+        from kernels_gpu.transfer import register_spans, unregister_spans  # noqa: PLC0415
+
+        arrays = [lw[n].raw for lw in layers for n in EXPERT_TENSORS if isinstance(lw[n].raw, np.ndarray)]
+        if not arrays or self._spans:
+            return "" if self._spans else "no experts in RAM"
+        spans, why = register_spans(arrays)
+        self._spans = spans
+        weakref.finalize(self, unregister_spans, spans, arrays)  # the arrays (the map) outlive the lock
+        return why
+
+    def _locked(self, a: np.ndarray) -> bool:
+        lo, hi = int(a.ctypes.data), int(a.ctypes.data) + a.nbytes
+        return any(s <= lo and hi <= e for s, e in self._spans)
+
+    def threshold(self, cfg) -> int | None:
+        if self.min_batch == 0:
+            return None
+        return self.min_batch or offload_min_batch(cfg.n_expert, cfg.n_expert_used)
+
+    def __call__(self, spec, cfg, lw: dict[str, Weight], h):
+        """The MoE FFN of the normed h (n_tok, n_embd) f32 on the GPU -> (n_tok, n_embd) f32 on the GPU."""
+        from kernels_gpu import moe  # noqa: PLC0415
+
+        h = self.gpu._dev(h)
+        ids, wts = moe.route(self.gpu.matmul(lw["ffn_gate_inp"], h), cfg.n_expert_used, spec.moe_norm_weights)
+        ws = [lw[n] for n in EXPERT_TENSORS]
+        limit = self.threshold(cfg)
+        if limit is not None and h.shape[0] >= limit and all(moe.supported(w.type_name) for w in ws):
+            return self._on_gpu(spec, h, ids, wts, ws)
+        return self._on_cpu(spec, cfg, lw, h, ids, wts)
+
+    def _on_gpu(self, spec, h, ids, wts, ws):
+        from kernels_gpu import moe  # noqa: PLC0415
+
+        s = self.stats
+        before = s.uploaded_bytes
+        shapes = tuple(tuple(w.shape[1:]) for w in ws)
+        if all(self._locked(w.raw) for w in ws):
+            out = self._prefill_direct(spec, h, ids, wts, ws, shapes)
+        else:  # staged through pinned buffers by the host, a run at a time
+            out = moe.prefill(h, ids, wts, shapes,
+                              tuple(self._counted(upload_dequantizer(self.gpu, w), w) for w in ws), spec.ffn_act)
+        s.gpu_batches += 1
+        s.last_upload_bytes = s.uploaded_bytes - before
+        return out
+
+    def _prefill_direct(self, spec, h, ids, wts, ws, shapes):
+        """moe.prefill with each run of used experts copied from the locked pages into a CopyRing slot on the copy
+        stream, STAGING_SLOTS runs ahead of the kernels (gate's runs, then up's, then down's)."""
+        from kernels_gpu import moe  # noqa: PLC0415
+        from kernels_gpu.matmul import dequantize  # noqa: PLC0415
+        from kernels_gpu.transfer import CopyRing  # noqa: PLC0415
+
+        per = [w.raw[0].nbytes for w in ws]
+        need = staging_slot_bytes(shapes, max(per), ws[0].raw.shape[0])
+        if self._ring is None or self._ring.slot_bytes < need:
+            self._ring = None
+            self._ring = CopyRing(need, STAGING_SLOTS)
+        ring = self._ring
+
+        def prefetch(runs) -> None:
+            ring.start([((i, e0), int(w.raw.ctypes.data) + e0 * per[i], (e1 - e0) * per[i])
+                        for i, w in enumerate(ws) for e0, e1, _, _ in runs])
+
+        def dequant_of(i: int, w: Weight):
+            row_bytes = w.raw.shape[2]
+
+            def dequant(e0: int, e1: int, out) -> None:
+                slot, view = ring.take((i, e0))
+                dequantize(view.reshape(-1, row_bytes), w.type_name, dtype=np.float16, out=out)
+                ring.release(slot)
+                self.stats.uploaded_bytes += (e1 - e0) * per[i]
+
+            return dequant
+
+        try:
+            return moe.prefill(h, ids, wts, shapes, tuple(dequant_of(i, w) for i, w in enumerate(ws)), spec.ffn_act,
+                               prefetch=prefetch)
+        except BaseException:
+            ring.reset()
+            raise
+
+    def _counted(self, dequant, w: Weight):
+        per_expert = w.raw[0].nbytes
+
+        def run(e0: int, e1: int, out) -> None:
+            dequant(e0, e1, out)
+            self.stats.uploaded_bytes += (e1 - e0) * per_expert
+
+        return run
+
+    def _on_cpu(self, spec, cfg, lw, h, ids, wts):
+        """The CPU runs the experts: h, ids, wts to pinned memory, a host break, the sum back to the GPU."""
+        import cupy  # noqa: PLC0415
+
+        n_tok, n_embd = h.shape
+        args = self._cpu_args(spec, lw)
+        key = (id(lw["ffn_gate_exps"]), n_tok)
+        buf = self._pinned.get(key)
+        if buf is None:
+            buf = self._pinned[key] = _Pinned(n_tok, n_embd, cfg.n_expert_used)
+        stream = cupy.cuda.get_current_stream()
+        d2h = cupy.cuda.runtime.memcpyDeviceToHost
+        for src, dst in ((h, buf.h), (cupy.ascontiguousarray(ids), buf.ids), (cupy.ascontiguousarray(wts), buf.w)):
+            cupy.cuda.runtime.memcpyAsync(dst.ctypes.data, src.data.ptr, dst.nbytes, d2h, stream.ptr)
+
+        def experts() -> None:
+            t0 = time.perf_counter()
+            buf.out[...] = args(buf.h, buf.ids, buf.w)
+            s = self.stats
+            s.cpu_seconds += time.perf_counter() - t0
+            s.cpu_batches += 1
+            s.cpu_tokens += n_tok
+
+        self.gpu.host_call(experts)
+        out = cupy.empty((n_tok, n_embd), dtype=cupy.float32)
+        cupy.cuda.runtime.memcpyAsync(out.data.ptr, buf.out.ctypes.data, buf.out.nbytes,
+                                      cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
+        return out
+
+    def _cpu_args(self, spec, lw):
+        """fn(h, ids int32, weights) -> the experts' weighted sum, on the CPU, for this layer."""
+        gate = lw["ffn_gate_exps"]
+        hit = self._layers.get(id(gate))
+        if hit is None or hit[0] is not gate:
+            hit = self._layers[id(gate)] = (gate, self._make_cpu_fn(spec, lw))
+        return hit[1]
+
+    @staticmethod
+    def _make_cpu_fn(spec, lw):
+        g, u, d = (_experts(lw[n]) for n in EXPERT_TENSORS)
+        op = _GLU_OP[spec.ffn_act]
+
+        def run(h: np.ndarray, ids: np.ndarray, w: np.ndarray) -> np.ndarray:
+            return cpu_moe_kernels.moe_experts(numba.get_num_threads(), h, ids.astype(np.int64), w, g, u, d,
+                                               _EMPTY, op, GELU_F16_TABLE)
+
+        return run
