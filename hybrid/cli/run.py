@@ -13,6 +13,8 @@ import typer
 from hybrid.engine.params import EngineParams
 from hybrid.generate.loop import check_fits, generate
 from hybrid.generate.sampling import SamplingParams
+from hybrid.generate.draft import NgramDrafter
+from hybrid.generate.speculative import SpecStats, generate_speculative
 from hybrid.generate.timings import Timings
 from hybrid.text.stream import TextStream
 
@@ -53,6 +55,13 @@ def run(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: prompt_ids, generated_ids, text, timings (with --explain alone: the plan).")] = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="After the timings, what the devices did: experts in "
                                           "RAM (CPU calls, bytes uploaded per batch), op offload, CUDA graphs.")] = False,
+    spec_type: Annotated[Optional[str], typer.Option("--spec-type", help="Speculative decoding: 'ngram' drafts by "
+                                                     "prompt lookup, verified exactly (default: off).")] = None,
+    draft_max: Annotated[int, typer.Option("--draft-max", callback=at_least(1), help="Most tokens per draft (below it the "
+                                           "length that pays best for the measured acceptance and check cost).")] = 8,
+    draft_min: Annotated[int, typer.Option("--draft-min", callback=at_least(0), help="Fewest tokens worth a draft.")] = 1,
+    spec_ngram_n: Annotated[int, typer.Option("--spec-ngram-n", callback=at_least(1), help="Suffix length the n-gram "
+                                              "drafter looks up (then shorter, down to 2).")] = 3,
     params: EngineParams = EngineParams(),
 ) -> None:
     """Generate text from a prompt, streaming tokens as they come, then print timings (as llama.cpp does).
@@ -75,8 +84,15 @@ def run(
         render_plan(p)
         if only:
             return
+    if spec_type not in (None, "none", "ngram"):
+        raise typer.BadParameter(f"--spec-type {spec_type!r}: expected 'ngram' or 'none'")
+    if draft_min > draft_max:
+        raise typer.BadParameter(f"--draft-min {draft_min} is above --draft-max {draft_max}")
+    drafter = NgramDrafter(spec_ngram_n, draft_max, draft_min) if spec_type == "ngram" else None
     if prompt is not None:
         prompt = clean_text(prompt)
+    if conversation and drafter is not None:
+        raise typer.BadParameter("--spec-type works with -p/-f for now, not in a chat (-cnv)")
     if conversation:
         engine, load_ms = load_engine(model, params)
         engine.warmup()
@@ -101,8 +117,12 @@ def run(
         sys.stdout.flush()
     cache = engine.new_cache()
     interrupted = False
+    stats = SpecStats()
+    tokens = (generate(engine, prompt_ids, sampling, n_predict, cache, timings) if drafter is None else
+              generate_speculative(engine, prompt_ids, sampling, n_predict, cache, drafter, draft_max, draft_min,
+                                   timings, stats))
     try:
-        for t in generate(engine, prompt_ids, sampling, n_predict, cache, timings):
+        for t in tokens:
             generated.append(t)
             if not json_out:
                 sys.stdout.write(stream.push(t))
@@ -113,6 +133,8 @@ def run(
     if json_out:
         out = {"prompt_ids": prompt_ids, "generated_ids": generated,
                "text": tok.decode(generated, unparse_special=special), "timings": timings.as_dict()}
+        if drafter is not None:
+            out["speculative"] = stats.as_dict()
         if interrupted:
             out["interrupted"] = True
         print(json.dumps(out, ensure_ascii=False))
@@ -120,6 +142,9 @@ def run(
         sys.stdout.write(stream.flush() + "\n")
         sys.stdout.flush()
         print_timings(timings)
+        if drafter is not None:
+            note(f"     speculative: {stats.drafted} drafted, {stats.accepted} accepted "
+                 f"(rate {stats.rate:.3f}, mean accepted length {stats.mean_accepted:.2f})")
         if verbose:
             for line in device_report(engine):
                 note(line)

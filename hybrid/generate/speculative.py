@@ -1,0 +1,204 @@
+"""Speculative decoding for one request: a drafter guesses tokens, the target verifies them in one batch.
+
+Verification follows llama.cpp (`common_sampler_sample_and_accept_n`, MOE_SERVE_SPEC.md §3): the target evaluates
+[last, d1..dk] with logits at every position, samples each position with the full sampler chain, accepts while the
+sample equals the draft, emits its own sample at the first mismatch, and a bonus token when all k match. Each emitted
+token costs exactly one draw and enters the penalty history only once emitted, so the output has the target's
+distribution (with a fixed seed: the same tokens as plain decoding, up to the float sums of a batch). The KV cache
+rolls back to the accepted length by setting n_past: attention reads positions [0, n_past) only and later writes
+overwrite the rejected cells (tests/test_speculative.py checks it).
+
+Adaptive draft length (DraftLength): the acceptance per draft token and the cost of a verification batch are
+measured as it runs (decayed averages; cost(n) = t1 + slope * (n - 1), t1 from one-token steps), and each step drafts
+the k in [draft_min, draft_max] that maximises the expected tokens per millisecond, (1 - a^(k+1)) / (1 - a) / cost(k),
+or nothing when a plain step does better; while off, one draft in PROBE_EVERY steps re-measures the acceptance.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from hybrid.engine.engine import Engine
+from hybrid.errors import HybridError
+from hybrid.generate.draft import Drafter
+from hybrid.generate.loop import check_fits
+from hybrid.generate.sampling import Sampler, SamplingParams
+from hybrid.generate.timings import Timings
+from hybrid.kv.cache import KVCache
+
+
+PROBE_EVERY = 32  # while speculation does not pay: one draft of draft_min tokens in this many steps
+DECAY = 0.9  # weight of the past in the running acceptance and cost estimates
+
+
+class DraftLength:
+    """Chooses each step's draft length from the measured acceptance and verification cost (0: no draft)."""
+
+    def __init__(self, k_min: int, k_max: int):
+        self.k_min, self.k_max = max(k_min, 1), k_max
+        self.hits, self.trials = 0.0, 0.0  # decayed counts of accepted / verified draft tokens
+        self.t1: float | None = None  # ms of a one-token step
+        self.slope: float | None = None  # ms per extra token in a verification batch
+        self.idle = 0  # steps since the last draft
+
+    @property
+    def alpha(self) -> float:
+        return (self.hits + 1.0) / (self.trials + 2.0)  # Laplace prior: 0.5 before any draft
+
+    def choose(self) -> int:
+        if self.t1 is None:
+            return 0  # measure a plain step first
+        if self.slope is None:
+            return self.k_max  # cost of a batch unknown: draft to learn it
+        a = min(self.alpha, 0.999)
+        best_k, best = 0, 1.0 / self.t1
+        for k in range(self.k_min, self.k_max + 1):
+            rate = (1.0 - a ** (k + 1)) / (1.0 - a) / (self.t1 + self.slope * k)
+            if rate > best:
+                best_k, best = k, rate
+        if best_k == 0 and self.idle >= PROBE_EVERY:
+            return self.k_min
+        return best_k
+
+    def observe(self, n_draft: int, n_ok: int, ms: float) -> None:
+        """One step: a draft of n_draft tokens (0: a plain step), n_ok accepted, the eval took ms."""
+        if n_draft == 0:
+            self.idle += 1
+            self.t1 = ms if self.t1 is None else DECAY * self.t1 + (1 - DECAY) * ms
+            return
+        self.idle = 0
+        self.hits = DECAY * self.hits + n_ok
+        self.trials = DECAY * self.trials + n_ok + (n_ok < n_draft)  # tokens up to the first rejection
+        if self.t1 is not None:
+            s = max(0.0, (ms - self.t1) / n_draft)
+            self.slope = s if self.slope is None else DECAY * self.slope + (1 - DECAY) * s
+
+
+@dataclass
+class SpecStats:
+    drafted: int = 0  # draft tokens sent to verification
+    accepted: int = 0  # of them, accepted
+    drafts: int = 0  # verification batches that carried a draft
+    steps: int = 0  # target evaluations after the prompt (with or without a draft)
+    drafted_at: list[int] = field(default_factory=list)  # per draft position: how often it was verified
+    accepted_at: list[int] = field(default_factory=list)  # ...and accepted
+
+    @property
+    def rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        """Accepted tokens per verified draft."""
+        return self.accepted / self.drafts if self.drafts else 0.0
+
+    def record(self, n_draft: int, n_accepted: int) -> None:
+        self.drafted += n_draft
+        self.accepted += n_accepted
+        self.drafts += 1
+        while len(self.drafted_at) < n_draft:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(n_draft):
+            self.drafted_at[i] += 1
+            self.accepted_at[i] += i < n_accepted
+
+    def as_dict(self) -> dict:
+        return {"drafted": self.drafted, "accepted": self.accepted, "acceptance_rate": self.rate,
+                "drafts": self.drafts, "mean_accepted": self.mean_accepted, "steps": self.steps,
+                "acceptance_at": [a / d for a, d in zip(self.accepted_at, self.drafted_at)]}
+
+
+def generate_speculative(engine: Engine, prompt: list[int], sampling: SamplingParams, n_predict: int,
+                         cache: KVCache, drafter: Drafter, draft_max: int = 8, draft_min: int = 1,
+                         timings: Timings | None = None, stats: SpecStats | None = None,
+                         adaptive: bool = True) -> Iterator[int]:
+    """As generate.loop.generate (same stopping rules), with drafts verified in one batch per step.
+
+    timings.eval_tokens counts the generated tokens whose evaluation was kept (rejected drafts are not counted), so
+    its tokens per second is the decode speed a user sees; stats (drafted, accepted, …) are filled as it runs.
+    adaptive=False drafts up to draft_max every step (what the tests of exactness use)."""
+    timings = timings if timings is not None else Timings()
+    stats = stats if stats is not None else SpecStats()
+    if not prompt:
+        raise HybridError("the prompt is empty")
+    check_fits(len(prompt), cache.n_ctx, cache.n_past)
+    sampler = Sampler(sampling)
+    history = list(prompt)
+    t0 = time.perf_counter()
+    logits = None
+    try:
+        for s in range(0, len(prompt), engine.params.n_batch):
+            batch = prompt[s : s + engine.params.n_batch]
+            logits = engine.eval(batch, cache)
+            timings.prompt_tokens += len(batch)
+    finally:
+        timings.prompt_ms += 1000 * (time.perf_counter() - t0)
+    k_min = max(draft_min, 1)
+    length = DraftLength(k_min, draft_max) if adaptive else None
+    produced = 0
+    pending: int | None = None  # a token already drawn at verification (the mismatch or the bonus)
+    while n_predict < 0 or produced < n_predict:
+        if pending is None:
+            t0 = time.perf_counter()
+            try:
+                pending = sampler.sample(logits, history)
+            finally:
+                timings.sample_ms += 1000 * (time.perf_counter() - t0)
+        tok, pending = pending, None
+        if engine.tokenizer.is_eog(tok):
+            return
+        yield tok
+        produced += 1
+        history.append(tok)
+        if (n_predict >= 0 and produced >= n_predict) or cache.n_past >= cache.n_ctx:
+            return
+        room = cache.n_ctx - cache.n_past - 1  # draft tokens that fit after tok
+        if n_predict >= 0:
+            room = min(room, n_predict - produced - 1)  # accepted drafts + the bonus never pass n_predict
+        k = length.choose() if length is not None else draft_max
+        draft = drafter.propose(history)[: min(k, room)] if k >= k_min and room >= k_min else []
+        if len(draft) < k_min:
+            draft = []
+        t0 = time.perf_counter()
+        try:
+            rows = engine.eval([tok, *draft], cache, logits_from=0)  # (1 + len(draft), n_vocab)
+            timings.eval_tokens += 1
+        finally:
+            ms = 1000 * (time.perf_counter() - t0)
+            timings.eval_ms += ms
+        stats.steps += 1
+        if not draft:
+            if length is not None:
+                length.observe(0, 0, ms)
+            logits = rows[-1]
+            continue
+        base = cache.n_past - len(draft)  # tok's position + 1: where d1 sits
+        n_ok = 0
+        t0 = time.perf_counter()
+        for i, d in enumerate(draft):
+            t = sampler.sample(rows[i], history)
+            if t != d:
+                pending = t  # the target's own token at the first mismatch
+                break
+            n_ok += 1
+            if engine.tokenizer.is_eog(t):
+                break
+            history.append(t)
+        else:
+            pending = sampler.sample(rows[len(draft)], history)  # the bonus token
+        timings.sample_ms += 1000 * (time.perf_counter() - t0)
+        cache.n_past = base + n_ok  # rollback: the rejected cells are overwritten by later writes
+        stats.record(len(draft), n_ok)
+        if length is not None:
+            length.observe(len(draft), n_ok, ms)
+        timings.eval_tokens += n_ok
+        for t in draft[:n_ok]:
+            if engine.tokenizer.is_eog(t):
+                return
+            yield t
+            produced += 1
+            if n_predict >= 0 and produced >= n_predict:
+                return
