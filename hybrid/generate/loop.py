@@ -24,19 +24,13 @@ def check_fits(n_prompt: int, n_ctx: int, n_past: int = 0) -> None:
                           "raise -c or shorten the prompt")
 
 
-def generate(engine: Engine, prompt: list[int], sampling: SamplingParams, n_predict: int, cache: KVCache,
-             timings: Timings | None = None) -> Iterator[int]:
-    """Evaluate the prompt (appended to what the cache holds), then sample up to n_predict tokens
-    (-1: until the context is full), stopping at an end-of-generation token (not yielded).
-
-    ContextTooLarge before anything is evaluated when the prompt does not fit. The timings count what was done
-    even when the caller stops early (Ctrl-C: KeyboardInterrupt inside an eval, or closing the generator)."""
-    timings = timings if timings is not None else Timings()
+def eval_prompt(engine: Engine, prompt: list[int], cache: KVCache, timings: Timings):
+    """The prompt appended to the cache in -b batches -> the last token's logits; HybridError for an empty prompt
+    and ContextTooLarge, before anything is evaluated, for one that does not fit. timings counts the prompt's tokens
+    and time, even when an eval is interrupted."""
     if not prompt:
         raise HybridError("the prompt is empty")
     check_fits(len(prompt), cache.n_ctx, cache.n_past)
-    sampler = Sampler(sampling)
-    history = list(prompt)
     t0 = time.perf_counter()
     logits = None
     try:
@@ -46,6 +40,20 @@ def generate(engine: Engine, prompt: list[int], sampling: SamplingParams, n_pred
             timings.prompt_tokens += len(batch)
     finally:
         timings.prompt_ms += 1000 * (time.perf_counter() - t0)
+    return logits
+
+
+def generate(engine: Engine, prompt: list[int], sampling: SamplingParams, n_predict: int, cache: KVCache,
+             timings: Timings | None = None) -> Iterator[int]:
+    """Evaluate the prompt (appended to what the cache holds), then sample up to n_predict tokens
+    (-1: until the context is full), stopping at an end-of-generation token (not yielded).
+
+    ContextTooLarge before anything is evaluated when the prompt does not fit. The timings count what was done
+    even when the caller stops early (Ctrl-C: KeyboardInterrupt inside an eval, or closing the generator)."""
+    timings = timings if timings is not None else Timings()
+    logits = eval_prompt(engine, prompt, cache, timings)
+    sampler = Sampler(sampling)
+    history = list(prompt)
     produced = 0
     while n_predict < 0 or produced < n_predict:
         t0 = time.perf_counter()

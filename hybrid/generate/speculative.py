@@ -21,9 +21,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from hybrid.engine.engine import Engine
-from hybrid.errors import HybridError
 from hybrid.generate.draft import Drafter
-from hybrid.generate.loop import check_fits
+from hybrid.generate.loop import eval_prompt
 from hybrid.generate.sampling import Sampler, SamplingParams
 from hybrid.generate.timings import Timings
 from hybrid.kv.cache import KVCache
@@ -122,20 +121,9 @@ def generate_speculative(engine: Engine, prompt: list[int], sampling: SamplingPa
     adaptive=False drafts up to draft_max every step (what the tests of exactness use)."""
     timings = timings if timings is not None else Timings()
     stats = stats if stats is not None else SpecStats()
-    if not prompt:
-        raise HybridError("the prompt is empty")
-    check_fits(len(prompt), cache.n_ctx, cache.n_past)
+    logits = eval_prompt(engine, prompt, cache, timings)
     sampler = Sampler(sampling)
     history = list(prompt)
-    t0 = time.perf_counter()
-    logits = None
-    try:
-        for s in range(0, len(prompt), engine.params.n_batch):
-            batch = prompt[s : s + engine.params.n_batch]
-            logits = engine.eval(batch, cache)
-            timings.prompt_tokens += len(batch)
-    finally:
-        timings.prompt_ms += 1000 * (time.perf_counter() - t0)
     k_min = max(draft_min, 1)
     length = DraftLength(k_min, draft_max) if adaptive else None
     produced = 0
