@@ -44,6 +44,8 @@ def test_the_plan_mirrors_the_kernels_constants():
     assert placement.MOE_PAD_FREE_ROWS == moe.PAD_FREE_ROWS
     assert placement.MATVEC_MAX_TOKENS == matmul.MATVEC_MAX_TOKENS
     assert placement.GEMM_CHUNK_ELEMENTS == matmul.GEMM_CHUNK_ELEMENTS
+    for shapes in (((768, 2048), (768, 2048), (2048, 768)), ((64, 256),) * 3, ((2880, 2880),) * 3):
+        assert placement.moe_max_run(shapes) == moe.max_run(shapes)  # the experts in one upload slot's run
 
 
 def test_buckets_round_up_by_at_most_a_quarter():

@@ -26,18 +26,11 @@ from hybrid.backends.cpu_fused import _GLU_OP
 from hybrid.backends.cpu_moe import _EMPTY, _experts, moe_fusable
 from hybrid.errors import UnsupportedPlacement
 from hybrid.model.weights import Weight
-from hybrid.plan.placement import HOST_STAGING_SLOTS, moe_max_run
+from hybrid.plan.placement import HOST_STAGING_SLOTS, staging_slot_bytes
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 OFFLOAD_TOKENS_PER_EXPERT = 32  # llama.cpp: a MUL_MAT_ID is offloaded at >= 32 tokens per used expert on average
 STAGING_SLOTS = HOST_STAGING_SLOTS  # device slots of a batch's uploads: one read by the kernels, two filled ahead
-
-
-def staging_slot_bytes(shapes: tuple, expert_bytes: int, n_expert: int) -> int:
-    """One staging slot: a run of experts as kernels_gpu.moe.prefill dequantizes them (as many as one fp16 chunk
-    holds for the layer's largest projection, `shapes` the (n_out, n_in) of gate, up, down), of the largest of the
-    three tensors' per-expert bytes. The plan reserves STAGING_SLOTS of them (placement.host_staging_bytes)."""
-    return min(n_expert, moe_max_run(shapes)) * expert_bytes
 
 
 def offload_min_batch(n_expert: int, n_expert_used: int) -> int:

@@ -11,7 +11,7 @@ from hybrid.system.devices import probe_gpus
 from hybrid.engine.params import EngineParams
 from hybrid.plan.budget import plan_for
 from hybrid.plan.explain import plan_rows
-from hybrid.plan.overrides import unused
+from hybrid.plan.overrides import unused_warnings
 from hybrid.plan.placement import PlacementPlan
 from hybrid.system.sizes import format_size
 
@@ -29,8 +29,8 @@ def explain_plan(model: str | None, params: EngineParams) -> tuple[PlacementPlan
         budget = gpus[0].free_bytes if gpus else None
     with open_model(model) as f:
         config = ModelConfig.from_gguf(f)
-        for o in unused(f.tensors, params.overrides):
-            note(f"warning: override '{o}' matches no tensor of this model")
+        for line in unused_warnings(f.tensors, params.overrides):
+            note(line)
         p = plan_for(config, f.tensors, budget, params.n_gpu_layers,
                      params.plan_inputs(params.n_ctx or config.n_ctx_train))
         return p, {name: t.nbytes for name, t in f.tensors.items()}

@@ -28,7 +28,7 @@ from hybrid.model.arch import adopt_layers, arch_spec
 from hybrid.model.arch.spec import ArchSpec
 from hybrid.model.weights import ModelWeights, load_weights
 from hybrid.plan.budget import plan_for
-from hybrid.plan.overrides import unused
+from hybrid.plan.overrides import unused_warnings
 from hybrid.plan.placement import PlacementPlan
 from hybrid.system.memlock import prepare_cpu_weights
 from hybrid.system.numa import check_mode as check_numa_mode
@@ -118,8 +118,8 @@ class Engine:
             f.close()
             raise
         if progress:
-            for o in unused(f.tensors, params.overrides):
-                progress(f"warning: override '{o}' matches no tensor of this model")
+            for line in unused_warnings(f.tensors, params.overrides):
+                progress(line)
         n_ctx = params.n_ctx or config.n_ctx_train
         if n_ctx > config.n_ctx_train > 0 and progress:
             progress(f"warning: -c {n_ctx} is larger than the model's training context {config.n_ctx_train}")

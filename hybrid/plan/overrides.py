@@ -96,6 +96,11 @@ def unused(names: Iterable[str], overrides: Sequence[Override]) -> tuple[Overrid
     return tuple(o for o in overrides if o.explicit and not any(re.search(o.pattern, n) for n in names))
 
 
+def unused_warnings(names: Iterable[str], overrides: Sequence[Override]) -> list[str]:
+    """One warning line per -ot override that matches no tensor name (see `unused`)."""
+    return [f"warning: override '{o}' matches no tensor of this model" for o in unused(names, overrides)]
+
+
 def describe(overrides: Sequence[Override]) -> str:
     """llama-bench's tensor_buft_overrides field: "none" or "pattern=DEVICE;pattern=DEVICE"."""
     return ";".join(map(str, overrides)) or "none"

@@ -294,6 +294,13 @@ def moe_max_run(shapes: tuple) -> int:
     return max(1, GEMM_CHUNK_ELEMENTS // max(1, max(n_out * n_in for n_out, n_in in shapes)))
 
 
+def staging_slot_bytes(shapes: tuple, expert_bytes: int, n_expert: int) -> int:
+    """One upload slot of experts kept in RAM: a run of experts as kernels_gpu.moe.prefill dequantizes them (as many
+    as one fp16 chunk holds for the layer's largest projection, `shapes` the (n_out, n_in) of gate, up, down; never
+    more than the layer's n_expert), of `expert_bytes` each (the largest of the three tensors' per-expert bytes)."""
+    return min(n_expert, moe_max_run(shapes)) * expert_bytes
+
+
 def host_staging_bytes(tensors: Mapping, layers) -> int:
     """The device slots a big batch uploads the RAM-kept experts of `layers` through: HOST_STAGING_SLOTS runs of
     experts of the largest of their tensors (0 when no layer is given)."""
@@ -303,8 +310,8 @@ def host_staging_bytes(tensors: Mapping, layers) -> int:
         if any(t is None or len(t.shape) != 3 for t in ts):
             continue
         shapes = tuple(tuple(int(d) for d in t.shape[1:]) for t in ts)
-        n_expert = int(ts[0].shape[0])  # a run never holds more than the layer's experts
-        best = max(best, min(n_expert, moe_max_run(shapes)) * max(t.nbytes // n_expert for t in ts))
+        n_expert = int(ts[0].shape[0])
+        best = max(best, staging_slot_bytes(shapes, max(t.nbytes // n_expert for t in ts), n_expert))
     return HOST_STAGING_SLOTS * _pool_bytes(best) if best else 0
 
 
