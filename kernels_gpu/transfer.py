@@ -156,27 +156,16 @@ class WeightStream:
         so that their uploads read it directly at full PCIe speed, with no copy into pinned chunks; the pages stay
         resident, as with --mlock, until close(). Returns "" when registered, else why not (the stream then
         stages every upload through its pinned chunks)."""
-        import mmap  # noqa: PLC0415
-
         if self._registered is not None or not sources:
             return "" if self._registered is not None else "nothing to register"
-        page = mmap.PAGESIZE
-        lo = min(int(s.ctypes.data) for s in sources)
-        hi = max(int(s.ctypes.data) + s.nbytes for s in sources)
-        lo, hi = lo - lo % page, -(-hi // page) * page
-        rt = self._cp.cuda.runtime
-        why = ""
-        for flags in (HOST_REGISTER_PORTABLE | HOST_REGISTER_READ_ONLY, HOST_REGISTER_PORTABLE):
-            try:
-                rt.hostRegister(lo, hi - lo, flags)
-            except rt.CUDARuntimeError as exc:
-                why = str(exc)
-                continue
+        lo = min(_page_span(s)[0] for s in sources)
+        hi = max(_page_span(s)[1] for s in sources)
+        why = _host_register(lo, hi)
+        if not why:
             self._registered = (lo, hi)
             # unregistered by close(), or when the stream is collected; the finalizer holds the sources, so the
             # mapping under the registered pages cannot be unmapped (and its addresses reused) before that
-            self._unregister = weakref.finalize(self, _host_unregister, rt, lo, list(sources))
-            return ""
+            self._unregister = weakref.finalize(self, _host_unregister, self._cp.cuda.runtime, lo, list(sources))
         return why
 
     def take(self) -> int:
@@ -337,31 +326,46 @@ def register_spans(arrays: list[np.ndarray]) -> tuple[list[tuple[int, int]], str
     """Page-lock the pages under `arrays` in place (cudaHostRegister, read-only where the device allows it), as
     merged page-aligned spans: ([(start, end)] registered, "" or why some were not). The caller unregisters them
     (unregister_spans) and must keep the arrays' memory mapped until then."""
-    import mmap  # noqa: PLC0415
-
-    import cupy  # noqa: PLC0415
-
-    page = mmap.PAGESIZE
-    spans = sorted((int(a.ctypes.data) // page * page, -(-(int(a.ctypes.data) + a.nbytes) // page) * page)
-                   for a in arrays if a.nbytes)
     merged: list[list[int]] = []
-    for lo, hi in spans:
+    for lo, hi in sorted(_page_span(a) for a in arrays if a.nbytes):
         if merged and lo <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], hi)
         else:
             merged.append([lo, hi])
-    rt = cupy.cuda.runtime
     done, why = [], ""
     for lo, hi in merged:
-        for flags in (HOST_REGISTER_PORTABLE | HOST_REGISTER_READ_ONLY, HOST_REGISTER_PORTABLE):
-            try:
-                rt.hostRegister(lo, hi - lo, flags)
-            except rt.CUDARuntimeError as exc:
-                why = str(exc)
-                continue
+        failed = _host_register(lo, hi)
+        if failed:
+            why = failed
+        else:
             done.append((lo, hi))
-            break
     return done, why
+
+
+def _page_span(a: np.ndarray) -> tuple[int, int]:
+    """[start, end) of the whole pages under array a's bytes."""
+    import mmap  # noqa: PLC0415
+
+    page = mmap.PAGESIZE
+    ptr = int(a.ctypes.data)
+    return ptr - ptr % page, -(-(ptr + a.nbytes) // page) * page
+
+
+def _host_register(lo: int, hi: int) -> str:
+    """cudaHostRegister of the pages [lo, hi), read-only where the device allows it, else plain: "" when it is
+    registered, else the driver's reason."""
+    import cupy  # noqa: PLC0415
+
+    rt = cupy.cuda.runtime
+    why = ""
+    for flags in (HOST_REGISTER_PORTABLE | HOST_REGISTER_READ_ONLY, HOST_REGISTER_PORTABLE):
+        try:
+            rt.hostRegister(lo, hi - lo, flags)
+        except rt.CUDARuntimeError as exc:
+            why = str(exc)
+            continue
+        return ""
+    return why
 
 
 def unregister_spans(spans: list[tuple[int, int]], _keep: object = None) -> None:
