@@ -17,49 +17,12 @@ set -u
 cd "$(dirname "$0")/.."
 PHASE=${1:-probe}
 OUT=${OUT:-/tmp/moe_offload}
-mkdir -p "$OUT"
-export COLUMNS=200 PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1 && [[ ! -d /tmp/site/gguf ]]; then  # the device image has no gguf package
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-fi
-export PYTHONPATH=/tmp/site:$PWD
-MODEL=${MODEL:-/tmp/qwen3moe-30b.gguf}
-ROUNDS=${ROUNDS:-2}
-REPS=${REPS:-2}
-THREADS=${THREADS:-16}
 CTX=${CTX:-8192}
-T0=$(date +%s)
-stamp() { echo "[$(($(date +%s) - T0)) s] $*"; }
-LBENCH=${LBENCH:-/root/lbuild/bin/llama-bench}  # where .llamacpp/build.sh builds it (its log's last line)
-
-setup() {  # llama.cpp's build and the model in the background, the GPU tests meanwhile
-  LB_PID=
-  if [[ -d .llamacpp && ! -x $LBENCH ]]; then
-    (bash .llamacpp/build.sh build > "$OUT/lbuild.log" 2>&1) &
-    LB_PID=$!
-  fi
-  MK_PID=
-  if [[ ! -f $MODEL ]]; then
-    python3 scripts/make_model.py "$MODEL" --arch qwen3moe --preset qwen3moe-30b > "$OUT/make_model.log" 2>&1 &
-    MK_PID=$!
-  fi
-  if [[ ${TESTS:-1} != 0 ]]; then
-    if [[ ${TESTS:-1} == all ]]; then what=(-m gpu tests); limit=330; else
-      what=(${TEST_FILES:-tests/test_gpu_host_experts.py tests/test_gpu_moe.py}); limit=240; fi
-    stamp "GPU tests: ${what[*]}"
-    NUMBA_NUM_THREADS=4 timeout -k 5 $limit python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider \
-      "${what[@]}" > "$OUT/tests.log" 2>&1
-    stamp "tests rc=$?"; grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/tests.log" | head -30; tail -n 1 "$OUT/tests.log"
-  fi
-  [[ -n $MK_PID ]] && wait "$MK_PID"
-  stamp "model: $(ls -la "$MODEL" | awk '{print $5}') bytes"
-  [[ -n $LB_PID ]] && wait "$LB_PID"
-  [[ -f $OUT/lbuild.log ]] && LBENCH=$(tail -n 1 "$OUT/lbuild.log")
-  stamp "llama-bench: $LBENCH"
-}
+source scripts/session_lib.sh
 
 if [[ $PHASE == probe ]]; then
-  setup
+  session_setup tests/test_gpu_host_experts.py tests/test_gpu_moe.py
+  wait_llama
   for budget in 12 24; do
     stamp "probe --vram-budget ${budget}GiB -c $CTX"
     timeout -k 5 200 python3 -m hybrid probe "$MODEL" -c "$CTX" --vram-budget ${budget}GiB --fast --json \
@@ -69,7 +32,10 @@ if [[ $PHASE == probe ]]; then
   done
   exit 0
 fi
-[[ $PHASE == all ]] && setup
+if [[ $PHASE == all ]]; then
+  session_setup tests/test_gpu_host_experts.py tests/test_gpu_moe.py
+  wait_llama
+fi
 
 # ---- bench
 if [[ $PHASE == bench || $PHASE == all ]]; then
@@ -90,17 +56,7 @@ fi
 stamp "n-cpu-moe values: $NCMOE"
 for round in $(seq 1 "$ROUNDS"); do
   for n in ${NCMOE//,/ }; do
-    flags=(-ngl 99 -ncmoe "$n" -fa 1 -t "$THREADS")
-    stamp "round $round: hybrid bench ${flags[*]}"
-    timeout -k 5 240 python3 -m hybrid bench -m "$MODEL" -o json -p 512 -n 128 -r "$REPS" "${flags[@]}" \
-      > "$OUT/hybrid_n${n}_$round.json" 2> "$OUT/hybrid_n${n}_$round.err"
-    stamp "rc=$?"; tail -n 3 "$OUT/hybrid_n${n}_$round.err"
-    if [[ -x $LBENCH ]]; then
-      stamp "round $round: llama-bench ${flags[*]}"
-      timeout -k 5 240 "$LBENCH" -m "$MODEL" -o json -p 512 -n 128 -r "$REPS" "${flags[@]}" \
-        > "$OUT/llama_n${n}_$round.json" 2> "$OUT/llama_n${n}_$round.err"
-      stamp "rc=$?"
-    fi
+    bench_pair "n$n" "$round" 128 -ngl 99 -ncmoe "$n" -fa 1 -t "$THREADS"
   done
 done
 stamp "summary"
