@@ -6,7 +6,7 @@ prediction -> measured ceiling -> recommendation that `hybrid probe` and `-ngl a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 import numpy as np
@@ -19,6 +19,7 @@ from hybrid.engine.params import EngineParams
 from hybrid.errors import PlacementError
 from hybrid.model import forward
 from hybrid.plan.budget import plan_for
+from hybrid.plan.overrides import cpu_moe_overrides
 from hybrid.plan.placement import PlacementPlan
 from hybrid.plan.probe import (DEFAULT_MARGIN_BYTES, CeilingSearch, Prediction, Recommendation, bisect_ceiling,
                                find_ceiling, predict_max_ngl, recommend)
@@ -173,10 +174,6 @@ class MoeProbeResult:
 
 
 def _with_n_cpu_moe(params: EngineParams, n: int) -> EngineParams:
-    from dataclasses import replace  # noqa: PLC0415
-
-    from hybrid.plan.overrides import cpu_moe_overrides  # noqa: PLC0415
-
     return replace(params, n_gpu_layers="all", overrides=params.overrides + cpu_moe_overrides(n_cpu_moe=n))
 
 
@@ -195,10 +192,10 @@ def probe_n_cpu_moe(config: ModelConfig, tensors: Mapping, params: EngineParams,
 
     def plan_fits(m: int) -> bool:
         try:
-            plan_fn = plan_for(config, tensors, _UNLIMITED, "all", inputs_of(m))
+            p = plan_for(config, tensors, _UNLIMITED, "all", inputs_of(m))
         except PlacementError:
             return False
-        return plan_fn.gpu_total_bytes <= budget_bytes
+        return p.gpu_total_bytes <= budget_bytes
 
     predicted_m = bisect_ceiling(plan_fits, 0, n_layer)  # -1: not even N = n_layer fits
     attempts: list[FitAttempt] = []
