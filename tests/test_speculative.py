@@ -121,7 +121,7 @@ def test_greedy_speculative_equals_plain(engine, prompt_ids, plain):
 
 def test_no_proposal_is_plain_decoding(engine, prompt_ids, plain):
     class Never:
-        def propose(self, tokens):
+        def propose(self, tokens, n_max):
             return []
 
     stats = SpecStats()

@@ -25,13 +25,13 @@ EXIT_INTERRUPTED = 130
 
 
 def chat_loop(engine: Engine, sampling: SamplingParams, n_predict: int, template_name: str | None,
-              system: str | None, first: str | None, special: bool = False) -> None:
+              system: str | None, first: str | None, special: bool = False, speculator=None) -> None:
     try:
         template = choose_template(engine.gguf.metadata, engine.config.arch, template_name)
     except UnicodeDecodeError as exc:  # a --chat-template file that is not UTF-8
         raise HybridError(f"--chat-template {template_name}: not UTF-8 (byte 0x{exc.object[exc.start]:02x} at "
                           f"offset {exc.start})") from None
-    session = ChatSession(engine, sampling, template, system)
+    session = ChatSession(engine, sampling, template, system, speculator)
     note(f"chat template: {template.name}. Type a message; Ctrl-C stops a reply; an empty line, Ctrl-D or Ctrl-C "
          "at the prompt ends the chat.")
     if hasattr(sys.stdin, "reconfigure"):
@@ -73,4 +73,6 @@ def chat_loop(engine: Engine, sampling: SamplingParams, n_predict: int, template
         note(f"[{'reply stopped; ' if stopped else ''}{timings.prompt_tokens} new prompt tokens "
              f"({session.last_reused} reused from the cache), "
              f"{timings.rate(timings.prompt_tokens, timings.prompt_ms):.1f} t/s prompt, "
-             f"{timings.rate(timings.eval_tokens, timings.eval_ms):.1f} t/s generation]")
+             f"{timings.rate(timings.eval_tokens, timings.eval_ms):.1f} t/s generation"
+             + (f"; {session.last_spec.accepted}/{session.last_spec.drafted} drafted tokens accepted"
+                if speculator is not None else "") + "]")

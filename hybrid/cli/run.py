@@ -13,8 +13,7 @@ import typer
 from hybrid.engine.params import EngineParams
 from hybrid.generate.loop import check_fits, generate
 from hybrid.generate.sampling import SamplingParams
-from hybrid.generate.draft import NgramDrafter
-from hybrid.generate.speculative import SpecStats, generate_speculative
+from hybrid.generate.speculative import SpecStats
 from hybrid.generate.timings import Timings
 from hybrid.text.stream import TextStream
 
@@ -24,11 +23,13 @@ from hybrid.cli.options import (LOAD_FLAGS, ChatTemplateOpt, FrequencyOpt, MinPO
                                 PresenceOpt, RepeatLastNOpt, RepeatPenaltyOpt, SeedOpt, TempOpt, TopKOpt, TopPOpt,
                                 at_least, engine_flags)
 from hybrid.cli.session import clean_text, load_engine, note, read_text_file
+from hybrid.cli.spec_options import SpecOptions, make_speculator, spec_flags, spec_summary
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as llama.cpp exits on Ctrl-C
 
 
 @engine_flags(*LOAD_FLAGS)
+@spec_flags
 def run(
     model: ModelArgument = None,
     model_opt: ModelOpt = None,  # merged into `model` while the flags are parsed
@@ -55,14 +56,8 @@ def run(
     json_out: Annotated[bool, typer.Option("--json", help="Print one JSON object: prompt_ids, generated_ids, text, timings (with --explain alone: the plan).")] = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="After the timings, what the devices did: experts in "
                                           "RAM (CPU calls, bytes uploaded per batch), op offload, CUDA graphs.")] = False,
-    spec_type: Annotated[Optional[str], typer.Option("--spec-type", help="Speculative decoding: 'ngram' drafts by "
-                                                     "prompt lookup, verified exactly (default: off).")] = None,
-    draft_max: Annotated[int, typer.Option("--draft-max", callback=at_least(1), help="Most tokens per draft (below it the "
-                                           "length that pays best for the measured acceptance and check cost).")] = 8,
-    draft_min: Annotated[int, typer.Option("--draft-min", callback=at_least(0), help="Fewest tokens worth a draft.")] = 1,
-    spec_ngram_n: Annotated[int, typer.Option("--spec-ngram-n", callback=at_least(1), help="Suffix length the n-gram "
-                                              "drafter looks up (then shorter, down to 2).")] = 3,
     params: EngineParams = EngineParams(),
+    spec: SpecOptions = SpecOptions(),
 ) -> None:
     """Generate text from a prompt, streaming tokens as they come, then print timings (as llama.cpp does).
 
@@ -84,25 +79,21 @@ def run(
         render_plan(p)
         if only:
             return
-    if spec_type not in (None, "none", "ngram"):
-        raise typer.BadParameter(f"--spec-type {spec_type!r}: expected 'ngram' or 'none'")
-    if draft_min > draft_max:
-        raise typer.BadParameter(f"--draft-min {draft_min} is above --draft-max {draft_max}")
-    drafter = NgramDrafter(spec_ngram_n, draft_max, draft_min) if spec_type == "ngram" else None
+    spec.kind  # usage errors before anything loads
     if prompt is not None:
         prompt = clean_text(prompt)
-    if conversation and drafter is not None:
-        raise typer.BadParameter("--spec-type works with -p/-f for now, not in a chat (-cnv)")
     if conversation:
         engine, load_ms = load_engine(model, params)
+        speculator = make_speculator(spec, engine, params, load_engine)
         engine.warmup()
-        chat_loop(engine, sampling, n_predict, chat_template, system, prompt, special)
+        chat_loop(engine, sampling, n_predict, chat_template, system, prompt, special, speculator)
         return
     if file is not None:
         prompt = read_text_file(file)
     if prompt is None:
         raise typer.BadParameter("give a prompt with -p TEXT or -f FILE (or use -cnv to chat)")
     engine, load_ms = load_engine(model, params)
+    speculator = make_speculator(spec, engine, params, load_engine)
     tok = engine.tokenizer
     prompt_ids = tok.encode(prompt, add_special=True, parse_special=True)
     check_fits(len(prompt_ids), engine.params.n_ctx)  # before any work, and before the prompt is echoed
@@ -118,9 +109,8 @@ def run(
     cache = engine.new_cache()
     interrupted = False
     stats = SpecStats()
-    tokens = (generate(engine, prompt_ids, sampling, n_predict, cache, timings) if drafter is None else
-              generate_speculative(engine, prompt_ids, sampling, n_predict, cache, drafter, draft_max, draft_min,
-                                   timings, stats))
+    tokens = (generate(engine, prompt_ids, sampling, n_predict, cache, timings) if speculator is None else
+              speculator.generate(engine, prompt_ids, sampling, n_predict, cache, timings, stats=stats))
     try:
         for t in tokens:
             generated.append(t)
@@ -133,7 +123,7 @@ def run(
     if json_out:
         out = {"prompt_ids": prompt_ids, "generated_ids": generated,
                "text": tok.decode(generated, unparse_special=special), "timings": timings.as_dict()}
-        if drafter is not None:
+        if speculator is not None:
             out["speculative"] = stats.as_dict()
         if interrupted:
             out["interrupted"] = True
@@ -142,9 +132,8 @@ def run(
         sys.stdout.write(stream.flush() + "\n")
         sys.stdout.flush()
         print_timings(timings)
-        if drafter is not None:
-            note(f"     speculative: {stats.drafted} drafted, {stats.accepted} accepted "
-                 f"(rate {stats.rate:.3f}, mean accepted length {stats.mean_accepted:.2f})")
+        if speculator is not None:
+            note(spec_summary(stats))
         if verbose:
             for line in device_report(engine):
                 note(line)

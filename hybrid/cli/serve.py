@@ -19,6 +19,7 @@ from hybrid.system.sizes import format_size, parse_size
 from hybrid.cli.common import cache_dir
 from hybrid.cli.options import LOAD_FLAGS, ChatTemplateOpt, ModelArgument, ModelOpt, engine_flags
 from hybrid.cli.session import load_engine, note
+from hybrid.cli.spec_options import SpecOptions, make_speculator, spec_flags
 
 
 def _port(value: int) -> int:
@@ -57,6 +58,7 @@ def _api_key(key: str | None, key_file: str | None) -> str | None:
 
 
 @engine_flags(*LOAD_FLAGS)
+@spec_flags
 def serve(
     model: ModelArgument = None,
     model_opt: ModelOpt = None,
@@ -69,6 +71,7 @@ def serve(
     reasoning_format: Annotated[str, typer.Option("--reasoning-format", callback=_reasoning, help="deepseek/auto: <think>…</think> at the start of a reply comes back as reasoning_content; none: left in the content.")] = "deepseek",
     chat_template: ChatTemplateOpt = None,
     params: EngineParams = EngineParams(),
+    spec: SpecOptions = SpecOptions(),
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API (chat and text completions, streaming), with a chat page.
 
@@ -77,6 +80,7 @@ def serve(
     Example: hybrid serve smollm2 --port 8080
     """
     key = _api_key(api_key, api_key_file)
+    spec.kind  # usage errors before anything loads
     path = resolve_model(model, cache_dir(), command="serve")
     config = ServerConfig(alias=alias or path.stem, api_key=key, cache_ram=parse_size(cache_ram),
                           reasoning_format=reasoning_format, chat_template=chat_template)
@@ -89,12 +93,14 @@ def serve(
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # as Ctrl-C: stop loading or serving
     try:
         engine, _ = load_engine(str(path), params)
+        state.speculator = make_speculator(spec, engine, params, load_engine)
         engine.warmup()
         state.attach(engine)
         kv = state.prompt_cache.cache
         print(f"hybrid serve: {config.alias} at {http.url}/v1 (chat page {http.url}/), one slot of {kv.n_ctx} tokens "
               f"(KV cache {format_size(kv.nbytes)}; prompt cache up to {format_size(config.cache_ram)} of RAM), "
-              f"chat template {state.template.name}{', API key required' if key else ''}; Ctrl-C stops",
+              f"chat template {state.template.name}{', API key required' if key else ''}"
+              f"{'; speculative decoding: ' + spec.kind if state.speculator else ''}; Ctrl-C stops",
               flush=True)
         work(state, stop)
     except KeyboardInterrupt:

@@ -9,13 +9,14 @@ from hybrid.text.chat_template import ChatTemplate, choose_template
 from hybrid.engine.engine import Engine
 from hybrid.errors import ContextTooLarge
 from hybrid.generate.loop import generate
+from hybrid.generate.speculative import SpecStats, Speculator
 from hybrid.generate.timings import Timings
 from hybrid.generate.sampling import SamplingParams
 
 
 class ChatSession:
     def __init__(self, engine: Engine, sampling: SamplingParams, template: ChatTemplate | None = None,
-                 system: str | None = None):
+                 system: str | None = None, speculator: Speculator | None = None):
         self.engine = engine
         self.sampling = sampling
         self.template = template or choose_template(engine.gguf.metadata, engine.config.arch)
@@ -23,6 +24,8 @@ class ChatSession:
         self.cache = engine.new_cache()
         self.cached_ids: list[int] = []  # the tokens whose K/V the cache holds, in order
         self.last_reused = 0  # how many prompt tokens the last turn took from the cache
+        self.speculator = speculator  # None: plain decoding
+        self.last_spec = SpecStats()  # the last turn's speculative counts
 
     def send(self, user_text: str, n_predict: int = -1, timings: Timings | None = None) -> Iterator[int]:
         """Add a user turn and stream the reply's token ids; the reply (as far as it got) is recorded when the
@@ -46,8 +49,14 @@ class ChatSession:
         self.cache.n_past = common
         self.last_reused = common
         reply: list[int] = []
+        if self.speculator is None:
+            tokens = generate(self.engine, ids[common:], self.sampling, n_predict, self.cache, timings)
+        else:
+            self.last_spec = SpecStats()
+            tokens = self.speculator.generate(self.engine, ids[common:], self.sampling, n_predict, self.cache, timings,
+                                              prefix=ids[:common], stats=self.last_spec)
         try:
-            for t in generate(self.engine, ids[common:], self.sampling, n_predict, self.cache, timings):
+            for t in tokens:
                 reply.append(t)
                 yield t
         finally:

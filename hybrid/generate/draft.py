@@ -2,6 +2,7 @@
 
 NgramDrafter is prompt lookup (llama.cpp's `--spec-type ngram`): the last n tokens are looked up earlier in the
 sequence (prompt and generated) and the tokens that followed their most recent occurrence are proposed.
+ModelDrafter (draft_model.py) asks a smaller model with the same vocabulary (`-md`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 
 class Drafter(Protocol):
-    def propose(self, tokens: list[int]) -> list[int]:
-        """The drafted continuation of `tokens` (the whole sequence so far); [] when there is no guess."""
+    def propose(self, tokens: list[int], n_max: int) -> list[int]:
+        """At most n_max drafted tokens to follow `tokens` (the whole sequence so far: what the target's cache
+        holds and the token about to be evaluated); [] when there is no guess."""
         ...
 
 
@@ -33,13 +35,16 @@ class NgramDrafter:
             raise ValueError(f"need n >= 1 and 0 <= draft_min <= draft_max >= 1, got n={self.n}, "
                              f"draft_min={self.draft_min}, draft_max={self.draft_max}")
 
-    def propose(self, tokens: list[int]) -> list[int]:
+    def propose(self, tokens: list[int], n_max: int | None = None) -> list[int]:
+        n_max = self.draft_max if n_max is None else min(n_max, self.draft_max)
+        if n_max < max(self.draft_min, 1):
+            return []
         seq = np.asarray(tokens, dtype=np.int64)
         for size in (range(self.n, 1, -1) if self.n > 1 else (1,)):
             at = _last_occurrence(seq, size)
             if at < 0:
                 continue
-            draft = seq[at + size : at + size + self.draft_max]
+            draft = seq[at + size : at + size + n_max]
             return [int(t) for t in draft] if len(draft) >= max(self.draft_min, 1) else []
         return []
 

@@ -17,7 +17,7 @@ or nothing when a plain step does better; while off, one draft in PROBE_EVERY st
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hybrid.engine.engine import Engine
@@ -83,6 +83,7 @@ class SpecStats:
     steps: int = 0  # target evaluations after the prompt (with or without a draft)
     drafted_at: list[int] = field(default_factory=list)  # per draft position: how often it was verified
     accepted_at: list[int] = field(default_factory=list)  # ...and accepted
+    draft_ms: float = 0.0  # time spent drafting (inside the eval time)
 
     @property
     def rate(self) -> float:
@@ -104,28 +105,50 @@ class SpecStats:
             self.drafted_at[i] += 1
             self.accepted_at[i] += i < n_accepted
 
+    def merge(self, other: SpecStats) -> None:
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        self.drafts += other.drafts
+        self.steps += other.steps
+        self.draft_ms += other.draft_ms
+        for i, (d, a) in enumerate(zip(other.drafted_at, other.accepted_at)):
+            if i == len(self.drafted_at):
+                self.drafted_at.append(0)
+                self.accepted_at.append(0)
+            self.drafted_at[i] += d
+            self.accepted_at[i] += a
+
     def as_dict(self) -> dict:
         return {"drafted": self.drafted, "accepted": self.accepted, "acceptance_rate": self.rate,
                 "drafts": self.drafts, "mean_accepted": self.mean_accepted, "steps": self.steps,
+                "draft_ms": self.draft_ms,
                 "acceptance_at": [a / d for a, d in zip(self.accepted_at, self.drafted_at)]}
 
 
 def generate_speculative(engine: Engine, prompt: list[int], sampling: SamplingParams, n_predict: int,
                          cache: KVCache, drafter: Drafter, draft_max: int = 8, draft_min: int = 1,
                          timings: Timings | None = None, stats: SpecStats | None = None,
-                         adaptive: bool = True) -> Iterator[int]:
+                         adaptive: bool = True, prefix: Sequence[int] = (),
+                         length: DraftLength | None = None) -> Iterator[int]:
     """As generate.loop.generate (same stopping rules), with drafts verified in one batch per step.
 
-    timings.eval_tokens counts the generated tokens whose evaluation was kept (rejected drafts are not counted), so
-    its tokens per second is the decode speed a user sees; stats (drafted, accepted, …) are filled as it runs.
-    adaptive=False drafts up to draft_max every step (what the tests of exactness use)."""
+    prefix: the tokens the cache already holds before `prompt` (a chat's earlier turns, a server's cached prompt):
+    the drafter sees them, the sampler's penalties do not (as in plain decoding). timings.eval_tokens counts the
+    generated tokens whose evaluation was kept (rejected drafts are not counted) and timings.eval_ms includes the
+    drafting, so its tokens per second is the decode speed a user sees; stats (drafted, accepted, …) are filled as
+    it runs. adaptive=False drafts up to draft_max every step (what the tests of exactness use); length: the
+    adaptive state to continue (a Speculator keeps one across requests), else a fresh one."""
     timings = timings if timings is not None else Timings()
     stats = stats if stats is not None else SpecStats()
     logits = eval_prompt(engine, prompt, cache, timings)
     sampler = Sampler(sampling)
-    history = list(prompt)
+    history = list(prompt)  # the penalties' window, as plain decoding's
+    context = [*prefix, *prompt]  # the whole sequence, for the drafter
     k_min = max(draft_min, 1)
-    length = DraftLength(k_min, draft_max) if adaptive else None
+    if adaptive and length is None:
+        length = DraftLength(k_min, draft_max)
+    elif not adaptive:
+        length = None
     produced = 0
     pending: int | None = None  # a token already drawn at verification (the mismatch or the bonus)
     while n_predict < 0 or produced < n_predict:
@@ -141,22 +164,26 @@ def generate_speculative(engine: Engine, prompt: list[int], sampling: SamplingPa
         yield tok
         produced += 1
         history.append(tok)
+        context.append(tok)
         if (n_predict >= 0 and produced >= n_predict) or cache.n_past >= cache.n_ctx:
             return
         room = cache.n_ctx - cache.n_past - 1  # draft tokens that fit after tok
         if n_predict >= 0:
             room = min(room, n_predict - produced - 1)  # accepted drafts + the bonus never pass n_predict
         k = length.choose() if length is not None else draft_max
-        draft = drafter.propose(history)[: min(k, room)] if k >= k_min and room >= k_min else []
-        if len(draft) < k_min:
-            draft = []
         t0 = time.perf_counter()
         try:
+            draft = drafter.propose(context, min(k, room)) if k >= k_min and room >= k_min else []
+            if len(draft) < k_min:
+                draft = []
+            t_draft = time.perf_counter()
             rows = engine.eval([tok, *draft], cache, logits_from=0)  # (1 + len(draft), n_vocab)
             timings.eval_tokens += 1
         finally:
-            ms = 1000 * (time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            ms = 1000 * (t1 - t0)
             timings.eval_ms += ms
+        stats.draft_ms += 1000 * (t_draft - t0)
         stats.steps += 1
         if not draft:
             if length is not None:
@@ -187,6 +214,36 @@ def generate_speculative(engine: Engine, prompt: list[int], sampling: SamplingPa
             if engine.tokenizer.is_eog(t):
                 return
             yield t
+            context.append(t)
             produced += 1
             if n_predict >= 0 and produced >= n_predict:
                 return
+
+
+@dataclass
+class Speculator:
+    """A drafter with its settings, reused across generations (`run`, a chat's turns, a server's requests): the
+    adaptive draft length carries over, and `stats` totals every generation's counts."""
+
+    drafter: Drafter
+    draft_max: int = 8
+    draft_min: int = 1
+    adaptive: bool = True
+    stats: SpecStats = field(default_factory=SpecStats)
+    length: DraftLength | None = None
+
+    def __post_init__(self) -> None:
+        if self.adaptive and self.length is None:
+            self.length = DraftLength(max(self.draft_min, 1), self.draft_max)
+
+    def generate(self, engine: Engine, prompt: list[int], sampling: SamplingParams, n_predict: int,
+                 cache: KVCache, timings: Timings | None = None, prefix: Sequence[int] = (),
+                 stats: SpecStats | None = None) -> Iterator[int]:
+        """generate_speculative with this drafter; stats (optional) gets this generation's counts alone."""
+        own = stats if stats is not None else SpecStats()
+        try:
+            yield from generate_speculative(engine, prompt, sampling, n_predict, cache, self.drafter,
+                                            self.draft_max, self.draft_min, timings, own, self.adaptive, prefix,
+                                            self.length)
+        finally:
+            self.stats.merge(own)

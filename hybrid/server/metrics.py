@@ -18,6 +18,8 @@ class Metrics:
     cache_queries: int = 0
     cache_hits: int = 0  # requests that reused at least one cached token
     cache_tokens: int = 0  # prompt tokens taken from the cache
+    draft_tokens: int = 0  # speculative decoding: tokens drafted and verified
+    draft_accepted: int = 0  # ...of them, accepted
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas) -> None:
@@ -46,6 +48,8 @@ def render(m: Metrics, gauges: dict[str, tuple[float, str]]) -> str:
         "prompt_cache_queries_total": (m.cache_queries, "counter", "Generations that looked up the prompt cache."),
         "prompt_cache_hits_total": (m.cache_hits, "counter", "Generations that reused cached prompt tokens."),
         "prompt_cache_tokens_total": (m.cache_tokens, "counter", "Prompt tokens taken from the cache."),
+        "draft_tokens_total": (m.draft_tokens, "counter", "Speculative decoding: drafted tokens verified."),
+        "draft_tokens_accepted_total": (m.draft_accepted, "counter", "Speculative decoding: drafted tokens accepted."),
     }
     rows = []
     for name, (value, kind, help_) in counters.items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from hybrid.generate.sampling import log_softmax, top_k
+from hybrid.generate.speculative import SpecStats
 from hybrid.generate.timings import Timings
 from hybrid.server.holdback import StopStrings
 from hybrid.server.reasoning import ReasoningSplitter
@@ -95,7 +96,12 @@ def run_job(state, job: Job) -> None:
     out = Output(job, engine.tokenizer, state.config.reasoning_format != "none")
     produced: list[int] = []
     finish, cancelled = None, False
-    gen = state.generate(tap, ids[n_cached:], req.sampling, req.max_tokens, pc.cache, timings)
+    spec = SpecStats() if state.speculator is not None and not req.logprobs else None
+    if spec is None:
+        gen = state.generate(tap, ids[n_cached:], req.sampling, req.max_tokens, pc.cache, timings)
+    else:  # logprobs need the logits each token was sampled from: those requests decode plainly
+        gen = state.speculator.generate(engine, ids[n_cached:], req.sampling, req.max_tokens, pc.cache, timings,
+                                        prefix=ids[:n_cached], stats=spec)
     try:
         for t in gen:
             produced.append(t)
@@ -121,12 +127,16 @@ def run_job(state, job: Job) -> None:
                       cancelled=int(cancelled), cache_queries=1, cache_hits=int(n_cached > 0), cache_tokens=n_cached)
     usage = {"prompt_tokens": len(ids), "completion_tokens": len(produced), "total_tokens": len(ids) + len(produced),
              "prompt_tokens_details": {"cached_tokens": n_cached}}
-    job.post(Final(finish, calls, usage, llama_timings(n_cached, timings, len(produced), gen_ms)))
+    if spec is not None:
+        state.metrics.add(draft_tokens=spec.drafted, draft_accepted=spec.accepted)
+    job.post(Final(finish, calls, usage, llama_timings(n_cached, timings, len(produced), gen_ms, spec)))
 
 
-def llama_timings(n_cached: int, t: Timings, n_predicted: int, gen_ms: float) -> dict:
-    """llama-server's `timings` object."""
+def llama_timings(n_cached: int, t: Timings, n_predicted: int, gen_ms: float, spec: SpecStats | None = None) -> dict:
+    """llama-server's `timings` object (with draft_n and draft_n_accepted when the reply was drafted)."""
+    extra = {} if spec is None else {"draft_n": spec.drafted, "draft_n_accepted": spec.accepted}
     return {
+        **extra,
         "cache_n": n_cached,
         "prompt_n": t.prompt_tokens, "prompt_ms": t.prompt_ms,
         "prompt_per_token_ms": t.prompt_ms / t.prompt_tokens if t.prompt_tokens else 0.0,

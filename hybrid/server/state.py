@@ -35,6 +35,7 @@ class ServerState:
     slots: SlotQueue = field(default_factory=SlotQueue)
     metrics: Metrics = field(default_factory=Metrics)
     generate: Callable = generate  # hybrid.generate.loop.generate; tests may script the model's tokens
+    speculator: object = None  # hybrid.generate.speculative.Speculator (--spec-type, -md); None: plain decoding
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
