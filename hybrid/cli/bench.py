@@ -24,6 +24,7 @@ from hybrid.system.sizes import format_size
 from hybrid.cli.common import fmt_count
 from hybrid.cli.options import SYSTEM_FLAGS, ModelArgument, ModelOpt, check_batch, check_threads, engine_flags
 from hybrid.cli.session import load_engine, note
+from hybrid.cli.bench_spec import SpecSweep, spec_cells, spec_fields, spec_note
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -62,6 +63,17 @@ def bench(
     cmoe: Annotated[bool, typer.Option("-cmoe", "--cpu-moe", help="Every layer's routed experts in RAM.")] = False,
     ot: Annotated[list[str], typer.Option("-ot", "--override-tensor", help="REGEX=DEVICE[,...] (repeatable), as run's "
                                           "-ot.")] = [],
+    spec_type: Annotated[str, typer.Option("--spec-type", help="Speculative decoding for the tg tests: none, ngram, "
+                                           "draft (the -md model), comma-separated to compare. With it, tg N "
+                                           "generates N tokens greedily from a real prompt (-f) instead of random "
+                                           "ids; rows gain spec_type, draft_max and the acceptance fields.")] = "",
+    model_draft: Annotated[str, typer.Option("-md", "--model-draft", help="Draft model for --spec-type draft.")] = "",
+    ngl_draft: Annotated[str, typer.Option("-ngld", "--gpu-layers-draft", help="The draft model's -ngl.")] = "0",
+    draft_max: Annotated[str, typer.Option("--draft-max", help="Most tokens per draft, comma-separated.")] = "8",
+    spec_fixed: Annotated[bool, typer.Option("--spec-fixed", help="Draft --draft-max tokens at every step (by default "
+                                             "the length adapts to the measured acceptance and cost, as in run).")] = False,
+    prompt_file: Annotated[str, typer.Option("-f", "--file", help="The prompt of the speculative tg tests (default: "
+                                             "a code pattern to continue).")] = "",
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed repetitions per test.")] = 5,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, json, csv.")] = "md",
     params: EngineParams = EngineParams(),
@@ -90,6 +102,8 @@ def bench(
     n_cpu_moes = [v for v in _ints(ncmoe, "-ncmoe")]
     if any(v < 0 for v in n_cpu_moes):
         raise typer.BadParameter(f"-ncmoe takes counts >= 0, got '{ncmoe}'")
+    specs = SpecSweep.parse(spec_type, model_draft, ngl_draft, _ints(draft_max, "--draft-max"), spec_fixed,
+                            prompt_file)
     machine = probe_machine()
     rows: list[dict] = []
     combos = itertools.product(_ints(ngl, "-ngl"), n_cpu_moes, _strs(ctk), _strs(ctv), _ints(fa, "-fa"), batches,
@@ -102,8 +116,11 @@ def bench(
         import numba  # noqa: PLC0415 - the thread count in effect
 
         n_threads = numba.get_num_threads()
-        for res in run_bench(engine, tests, reps):
+        results = run_bench(engine, tests, reps) if specs is None else specs.run(engine, tests, reps, load_engine)
+        for res in results:
             rows.append(_row(engine, res, machine, n_threads, n_gl, tk, tv, fa_on, b, ub))
+            if specs is not None:
+                rows[-1].update(spec_fields(res))
             rows[-1]["n_cpu_moe"] = n_cm  # as llama-bench: the count, and the other overrides as one string
             rows[-1]["tensor_buft_overrides"] = rows[-1]["override_tensors"] = describe(given)
             rows[-1]["moe_experts"] = engine.moe_report()
@@ -113,7 +130,7 @@ def bench(
             rows[-1]["gpu_decode"] = _gpu_decode(engine)  # CUDA graphs, or eager launches and why
             if output == "md":
                 note(f"{rows[-1]['test']}: {res.avg_ts:.2f} ± {res.stddev_ts:.2f} t/s (t={n_threads}, "
-                     f"ncmoe={n_cm}, nopo={int(bool(po_off))}, nr={int(bool(nr))})")
+                     f"ncmoe={n_cm}, nopo={int(bool(po_off))}, nr={int(bool(nr))}{spec_note(rows[-1])})")
         if rows and rows[-1]["gpu_decode"]:
             note(f"GPU decode: {rows[-1]['gpu_decode']}")
         if rows and rows[-1]["moe_experts"] and output == "md":
@@ -151,15 +168,16 @@ def _render(rows: list[dict], output: str) -> None:
         w.writerows(rows)
         sys.stdout.write(buf.getvalue())
         return
+    spec = any("spec_type" in r for r in rows)
     header = ["model", "size", "params", "backend", "threads", "type_k", "type_v", "ngl", "ncmoe", "nopo", "nr", "test",
-              "t/s"]
+              *(["spec", "accept"] if spec else []), "t/s"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     for r in rows:
         lines.append("| " + " | ".join([
             r["model_type"], format_size(r["model_size"], 2), fmt_count(r["model_n_params"]), r["backends"],
             str(r["n_threads"]), r["type_k"], r["type_v"], str(r["n_gpu_layers"]), str(r["n_cpu_moe"]),
             str(r["no_op_offload"]),
-            str(r["no_repack"]), r["test"],
+            str(r["no_repack"]), r["test"], *(spec_cells(r) if spec else []),
             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
         ]) + " |")
     print("\n".join(lines))
