@@ -223,3 +223,15 @@ def test_mismatched_draft_vocabulary_is_one_line(demo_model, tiny_path):
 def test_spec_usage_errors(demo_model, args, words):
     r = _hybrid("run", str(demo_model), "-p", "Hi", "-n", "1", *args, timeout=60)
     assert r.returncode == 2 and words in r.stderr, r.stderr
+
+
+def test_bench_spec_sweep_rows(demo_model):
+    r = _hybrid("bench", str(demo_model), "-p", "0", "-n", "8", "-r", "1", "--spec-type", "none,ngram",
+                "--draft-max", "2,4", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert [(x["spec_type"], x["draft_max"]) for x in rows] == [("none", 0), ("ngram", 2), ("ngram", 4)]
+    assert all(x["test"] == "tg8" and x["avg_ts"] > 0 for x in rows)
+    assert rows[2]["n_drafted"] > 0 and 0 <= rows[2]["acceptance_rate"] <= 1 and rows[2]["acceptance_at"]
+    bad = _hybrid("bench", str(demo_model), "-n", "8", "--spec-type", "draft", timeout=60)
+    assert bad.returncode == 2 and "needs a draft model" in bad.stderr
