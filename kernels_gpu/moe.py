@@ -324,8 +324,11 @@ def prefill(h, ids, wts, shapes: tuple, dequants: tuple, act: str, prefetch=None
     return combine(d, wts, n_tok, rows=maps[n_rows:])
 
 
-def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, n_used: int, norm: bool, act: str):
-    """The MoE FFN of h (see the module docstring); every weight a (raw on the device, GGML type) pair."""
+def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, n_used: int, norm: bool, act: str,
+            on_route=None):
+    """The MoE FFN of h (see the module docstring); every weight a (raw on the device, GGML type) pair. on_route,
+    when given, is called with the routing (ids int32, weights float32, both cupy (n_tok, n_used)) before the
+    experts run (a routing trace: it may copy them to the host)."""
     import cupy  # noqa: PLC0415
 
     h = cupy.ascontiguousarray(h, dtype=cupy.float32)
@@ -334,6 +337,8 @@ def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, n_used: int, 
             raise ValueError(f"no MoE kernels for expert tensors of {w[1]}")
     logits = matmul(router[0], router[1], h)  # (n_tok, n_expert)
     ids, wts = route(logits, n_used, norm)
+    if on_route is not None:
+        on_route(ids, wts)
     if h.shape[0] <= MATVEC_MAX_TOKENS:
         return _decode(h, ids, wts, gate, up, down, act)
     shapes = tuple(_expert_dims(*w)[1:3] for w in (gate, up, down))

@@ -132,6 +132,15 @@ class DeviceMemory(Protocol):
         """An uninitialized device buffer of weight's uploaded size (placeholder weights for `hybrid probe`)."""
 
 
-OPTIONAL_PROTOCOLS: tuple[type, ...] = (GraphDecoding, DeviceMemory)
+@runtime_checkable
+class RoutingObservable(Protocol):
+    """Optional (CpuBackend, GpuBackend; OffloadBackend reads its GPU's): the routing trace's hook.
+    Engine.observe_routing sets it on the backends that have it (hasattr) and clears it after; blocks.moe_ffn and the
+    fused MoE forms tell it each MoE layer's routing."""
 
-__all__ = ["Array", "Backend", "DeviceMemory", "GraphDecoding", "OPTIONAL_PROTOCOLS"]
+    routing_observer: Any  # a model.arch.moe.RoutingObserver, or None (the default: nothing recorded)
+
+
+OPTIONAL_PROTOCOLS: tuple[type, ...] = (GraphDecoding, DeviceMemory, RoutingObservable)
+
+__all__ = ["Array", "Backend", "DeviceMemory", "GraphDecoding", "OPTIONAL_PROTOCOLS", "RoutingObservable"]

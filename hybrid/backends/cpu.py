@@ -15,6 +15,7 @@ from hybrid.model.weights import Weight
 
 class CpuBackend:
     name = "cpu"
+    routing_observer = None  # a model.arch.moe.RoutingObserver (Engine.observe_routing): hears every MoE routing
 
     def __init__(self, fused: bool = True) -> None:
         # fused: run a decode layer in two compiled calls (cpu_fused); False: every op a call of its own
@@ -40,7 +41,7 @@ class CpuBackend:
         if not self.fused:
             return None
         if spec.moe:
-            return self._moe.ffn_half(spec, cfg, lw, x, a)
+            return self._moe.ffn_half(spec, cfg, lw, x, a, self.routing_observer)
         return self._fused.ffn(spec, cfg, lw, x, a)
 
     def fused_moe(self, spec, cfg, lw: dict[str, Weight], h: np.ndarray):
@@ -48,7 +49,7 @@ class CpuBackend:
         weighted sum, where the layer's experts have integer-dot types (cpu_moe.moe_fusable); else None."""
         if not self.fused:
             return None
-        return self._moe(spec, cfg, lw, h)
+        return self._moe(spec, cfg, lw, h, self.routing_observer)
 
     def _tables(self, positions: np.ndarray, n_rot: int, base: float, scale: float,
                 yarn: tuple | None = None) -> rope.RopeTables:

@@ -10,9 +10,10 @@ from kernels_cpu import moe, vec_dot_legacy
 from kernels_cpu.activations import GELU_F16_TABLE
 from kernels_cpu.fused_layer import FAM_LEGACY
 from kernels_cpu.matmul import GEMM_MIN_TOKENS, _kernel, matmul
+from kernels_cpu.moe_route import route_topk
 
 from hybrid.backends.cpu_fused import _FAMILY, _GLU_OP, _vec
-from hybrid.model.arch.moe import fused_moe_ok
+from hybrid.model.arch.moe import fused_moe_ok, moe_layer
 from hybrid.model.arch.spec import SHARED_EXPERT, ArchSpec
 
 _EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -86,14 +87,16 @@ class FusedMoE:
             hit = self._layers[id(lw)] = (lw, _MoeLayer(cfg, lw) if ok else None)
         return hit[1]
 
-    def __call__(self, spec: ArchSpec, cfg, lw, h: np.ndarray) -> np.ndarray | None:
+    def __call__(self, spec: ArchSpec, cfg, lw, h: np.ndarray, observer=None) -> np.ndarray | None:
         """blocks.moe_ffn of the normed h (n_tok, n_embd) f32 -> (n_tok, n_embd) f32, or None where the layer or
-        the batch has no fused form."""
+        the batch has no fused form. observer (a model.arch.moe.RoutingObserver) hears the routing."""
         L = self._layer(spec, cfg, lw)
         n_tok = h.shape[0]
         if L is None or n_tok == 0 or (n_tok >= GEMM_MIN_TOKENS and not L.batch_ok):
             return None
         h = np.ascontiguousarray(h, dtype=np.float32)
+        if observer is not None:
+            return self._observed(spec, cfg, lw, L, h, observer)
         if n_tok < GEMM_MIN_TOKENS and L.router_f32 is not None:
             logits, router = _NO_LOGITS, L.router_f32  # the router's product inside moe_ffn
         else:
@@ -102,12 +105,23 @@ class FusedMoE:
         return moe.moe_ffn(numba.get_num_threads(), h, logits, router, cfg.n_expert_used, spec.moe_norm_weights,
                            L.gate, L.up, L.down, _EMPTY, _GLU_OP[spec.ffn_act], GELU_F16_TABLE)
 
-    def ffn_half(self, spec: ArchSpec, cfg, lw, x: np.ndarray, a: np.ndarray) -> np.ndarray | None:
+    def _observed(self, spec: ArchSpec, cfg, lw, L: _MoeLayer, h: np.ndarray, observer) -> np.ndarray:
+        """moe_ffn's two steps called one at a time so that observer hears the ids and weights its compiled routing
+        (route_topk) produced: kernels_cpu.matmul's router product (moe_ffn's own below GEMM_MIN_TOKENS), then
+        the routing, then moe_experts on them: the same numbers as moe_ffn, bit for bit."""
+        logits = matmul(L.router.raw, L.router.type_name, h)  # (n_tok, n_expert)
+        ids, weights = route_topk(logits, cfg.n_expert_used, spec.moe_norm_weights)
+        observer.routed(moe_layer(lw), ids, weights)
+        return moe.moe_experts(numba.get_num_threads(), h, ids, weights, L.gate, L.up, L.down, _EMPTY,
+                               _GLU_OP[spec.ffn_act], GELU_F16_TABLE)
+
+    def ffn_half(self, spec: ArchSpec, cfg, lw, x: np.ndarray, a: np.ndarray, observer=None) -> np.ndarray | None:
         """The rest of blocks.layer_forward after the attention part a (x + a, its norm, the MoE FFN, the residual)
         in one compiled call for a batch of few tokens and an F32 router; else None (blocks.layer_forward then
-        runs it, and the MoE FFN through __call__)."""
+        runs it, and the MoE FFN through __call__; so too while an observer listens: the call hides its routing)."""
         L = self._layer(spec, cfg, lw)
-        if L is None or L.router_f32 is None or not 0 < x.shape[0] < GEMM_MIN_TOKENS or SHARED_EXPERT[0] in lw:
+        if (L is None or L.router_f32 is None or not 0 < x.shape[0] < GEMM_MIN_TOKENS or SHARED_EXPERT[0] in lw
+                or observer is not None):
             return None  # (a shared expert is blocks.moe_ffn's to add)
         return moe.moe_ffn_half(numba.get_num_threads(), np.ascontiguousarray(x, dtype=np.float32),
                                 np.ascontiguousarray(a, dtype=np.float32), L.eps, L.ffn_norm, L.router_f32,

@@ -13,6 +13,7 @@ import numpy as np
 
 from gguf_io import quant_spec
 
+from hybrid.model.arch.moe import moe_layer
 from hybrid.model.weights import Weight
 
 _MOE_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
@@ -20,6 +21,7 @@ _MOE_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 class GpuBackend:
     name = "gpu"
+    routing_observer = None  # a model.arch.moe.RoutingObserver (Engine.observe_routing): hears every MoE routing
 
     def __init__(self, device: int = 0) -> None:
         import cupy  # noqa: PLC0415
@@ -100,7 +102,9 @@ class GpuBackend:
         with self.device:
             if self._graphs is None:
                 self._graphs = GraphRunner()
-            self._graphs.enabled = self.use_graphs
+            # an observer copies each layer's routing to the host, mid-step: eager steps (a graph captured without
+            # it would replay without telling it)
+            self._graphs.enabled = self.use_graphs and self.routing_observer is None
             return self._graphs.run((key, sig), step, x, position, ptrs)
 
     def graph_report(self) -> str:
@@ -120,6 +124,13 @@ class GpuBackend:
             return
         self._cupy.cuda.get_current_stream().synchronize()
         fn()
+
+    def report_routing(self, lw, ids, wts) -> None:
+        """Tell routing_observer (when set) the device routing ids, wts (cupy (n_tok, k)) of the MoE layer of
+        weights lw, copied to the host; a decode step runs eagerly meanwhile (decode_step)."""
+        observer = self.routing_observer
+        if observer is not None:
+            observer.routed(moe_layer(lw), self._cupy.asnumpy(ids), self._cupy.asnumpy(wts))
 
     def _no_capture(self, what: str) -> None:
         if self._graphs is not None and self._graphs.capturing:
@@ -324,5 +335,6 @@ class GpuBackend:
         if not all(moe.supported(w.type_name) for w in ws[1:]):
             return None
         router, gate, up, down = ((w.raw, w.type_name) for w in ws)
+        on_route = None if self.routing_observer is None else (lambda ids, wts: self.report_routing(lw, ids, wts))
         return moe.moe_ffn(self._dev(h), router, gate, up, down, cfg.n_expert_used, spec.moe_norm_weights,
-                           spec.ffn_act)
+                           spec.ffn_act, on_route)

@@ -147,6 +147,7 @@ class HostExperts:
 
         h = self.gpu._dev(h)
         ids, wts = moe.route(self.gpu.matmul(lw["ffn_gate_inp"], h), cfg.n_expert_used, spec.moe_norm_weights)
+        self.gpu.report_routing(lw, ids, wts)  # a routing trace's (GpuBackend.routing_observer), when one listens
         ws = [lw[n] for n in EXPERT_TENSORS]
         limit = self.threshold(cfg)
         if limit is not None and h.shape[0] >= limit and all(moe.supported(w.type_name) for w in ws):

@@ -16,6 +16,7 @@ from hybrid.cli.pull import list_cmd, pull, with_model_names
 from hybrid.cli.run import chat, run as run_cmd
 from hybrid.cli.serve import serve
 from hybrid.cli.tokenize import tokenize
+from hybrid.cli.trace_experts import trace_experts
 
 app = typer.Typer(
     name="hybrid",
@@ -40,6 +41,7 @@ app.command()(with_model_names(probe, "probe"))
 app.command()(with_model_names(info, "info"))
 app.command()(with_model_names(tokenize, "tokenize"))
 app.command()(with_model_names(serve, "serve"))
+app.command(name="trace-experts")(trace_experts)  # a MoE model is named: no default model to fill in
 app.command()(pull)
 app.command(name="list")(list_cmd)
 

@@ -10,7 +10,7 @@ from gguf_io import ModelConfig
 
 from hybrid.model.weights import Weight
 from hybrid.model.arch.mla import mla_attention
-from hybrid.model.arch.moe import fused_moe_ok, route_gated, routing
+from hybrid.model.arch.moe import fused_moe_ok, moe_layer, route_gated, routing
 from hybrid.model.arch.spec import SHARED_EXPERT, ArchSpec, layer_spec
 
 
@@ -125,6 +125,9 @@ def moe_ffn(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], h: np.n
             ids, w = route(logits, cfg.n_expert_used, r.normalize)
         else:
             ids, w = route_gated(logits, r, None if bias is None else np.asarray(be.to_host(bias.raw)))
+        observer = getattr(be, "routing_observer", None)  # moe.RoutingObserver; a test's backend may lack it
+        if observer is not None:
+            observer.routed(moe_layer(lw), ids, w)
         out = be.zeros((h.shape[0], cfg.n_embd))
         bg, bu, bd = (expert_biases(be, lw, f"{t}.bias") for t in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
         for e in np.unique(ids):

@@ -9,7 +9,9 @@ once, the scale a float32 product."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -37,6 +39,28 @@ class Routing:
     def plain(self) -> bool:
         """Softmax, the top n_used, optionally renormalized: what blocks.route and the fused MoE forms compute."""
         return self.gating == "softmax" and self.scale == 1.0 and self.n_groups <= 1
+
+
+class RoutingObserver(Protocol):
+    """Hears every MoE layer's routing while a backend's `routing_observer` is set (Engine.observe_routing):
+    `hybrid trace-experts` records it. Backends call it with the ids and weights their routing produced (the
+    compiled, device or op-by-op one), copied to the host; None (the default) costs one test per MoE layer."""
+
+    def routed(self, layer: int, ids: np.ndarray, weights: np.ndarray) -> None:
+        """layer: the model's layer index; ids (n_tok, k) int, weights (n_tok, k) float32, in the routing's order."""
+
+
+_LAYER_NAME = re.compile(r"blk\.(\d+)\.")
+
+
+def moe_layer(lw) -> int:
+    """The layer index of a MoE layer's weights, from its router's GGUF name (blk.{il}.ffn_gate_inp.weight): the
+    fused forms are not given the index, and the name travels with the weight to every device."""
+    name = lw["ffn_gate_inp"].name
+    m = _LAYER_NAME.match(name)
+    if m is None:
+        raise ValueError(f"expected a router named blk.<layer>.ffn_gate_inp.weight, found {name!r}")
+    return int(m.group(1))
 
 
 def routing(spec: ArchSpec, cfg: ModelConfig) -> Routing:
