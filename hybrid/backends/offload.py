@@ -23,6 +23,11 @@ class OffloadBackend:
         """gpu: GpuBackend; cpu: CpuBackend (the KV cache); weights: an OpOffload (pieces(w), piece(w, r0, r1))."""
         self.gpu, self.cpu, self._weights = gpu, cpu, weights
 
+    @property
+    def routing_observer(self):
+        """The GPU's (blocks.moe_ffn's op-by-op routing asks the backend for it)."""
+        return self.gpu.routing_observer
+
     def _dev(self, x):
         import cupy  # noqa: PLC0415
 
@@ -130,13 +135,19 @@ class OffloadBackend:
     def fused_moe(self, spec, cfg, lw, h):
         """The MoE FFN of a big batch as the GpuBackend's prefill (kernels_gpu.moe): the router streams as a matrix,
         routing runs on the GPU, and only the experts the batch uses are uploaded from host memory, a chunk at a
-        time (as many as one dequantized fp16 chunk holds). None for float experts (no id kernels)."""
+        time (as many as one dequantized fp16 chunk holds). None for float experts (no id kernels) and for routing other
+        than plain softmax (glm4moe's sigmoid with its bias, gpt-oss's biases: blocks.moe_ffn runs those op by op)."""
         from kernels_gpu import moe  # noqa: PLC0415
 
+        from hybrid.model.arch.moe import fused_moe_ok  # noqa: PLC0415
+
+        if not fused_moe_ok(spec, cfg, lw):  # the device routing is plain softmax only (as GpuBackend.fused_moe)
+            return None
         ws = [lw[n] for n in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
         if not all(moe.supported(w.type_name) for w in ws[1:]):
             return None
         x = self._dev(h)
         ids, wts = moe.route(self.matmul(ws[0], x), cfg.n_expert_used, spec.moe_norm_weights)
+        self.gpu.report_routing(lw, ids, wts)  # a routing trace's, when one listens
         shapes = tuple(tuple(w.shape[1:]) for w in ws[1:])
         return moe.prefill(x, ids, wts, shapes, tuple(upload_dequantizer(self.gpu, w) for w in ws[1:]), spec.ffn_act)

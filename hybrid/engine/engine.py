@@ -6,7 +6,8 @@ token at a time. Per-conversation state (the KV cache) is passed in, never kept 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from hybrid.backends.op_offload import make_op_offload
 from hybrid.backends.repack import repack_weights
 from hybrid.engine.params import EngineParams
 from hybrid.errors import ContextTooLarge, HybridError
+from hybrid.engine.lazy_rows import LazyRows
 from hybrid.kv.cache import KVCache
 from hybrid.kv.types import check_kv_types
 from hybrid.model import forward
@@ -161,6 +163,22 @@ class Engine:
                 f"{s.cpu_seconds:.2f} s); {s.gpu_batches} uploaded their experts ({format_size(s.uploaded_bytes, 2)}, "
                 f"the last {format_size(s.last_upload_bytes, 2)})")
 
+    @contextmanager
+    def observe_routing(self, observer) -> Iterator[None]:
+        """Within: every MoE layer's routing of the evaluated tokens goes to observer.routed(layer, ids, weights)
+        (model.arch.moe.RoutingObserver), from whichever backend runs the layer (op offload's reads its GPU's); GPU
+        decode steps run eagerly meanwhile. Outside, no backend holds it (a None test per MoE layer)."""
+        extra = [] if self.op_offload is None else [self.op_offload.gpu]  # -ngl 0's op offload has its own GPU
+        held = {id(b): b for b in (*self.backends, self.output_backend, *extra)
+                if hasattr(b, "routing_observer")}.values()
+        for b in held:
+            b.routing_observer = observer
+        try:
+            yield
+        finally:
+            for b in held:
+                b.routing_observer = None
+
     def cpu_kernels(self) -> tuple[str, ...]:
         """The compiled kernels a warm-up calls on the CPU (keys of kernels_cpu.signatures), the repack's included
         when it is still to come: see hybrid/backends/cpu_kernels.py."""
@@ -241,6 +259,28 @@ class Engine:
         cache.n_past += n
         logits = np.concatenate(out, axis=0)
         return logits[-1] if logits_from is None else logits
+
+    def eval_rows(self, tokens: list[int] | np.ndarray, cache: KVCache) -> "LazyRows":
+        """As eval(tokens, cache, logits_from=0) for a speculative check (tokens fewer than -ub), with each row's
+        logits computed when first read (LazyRows): the rows after a rejected draft token are never read. On the
+        CPU a row of the output layer costs as much alone as in a batch (the few-token integer dots are compute-bound
+        there), so a row is computed at a time; on the GPU, where a batch reads the weights once, the rest of the
+        rows are computed together at the first read."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        n = tokens.shape[0]
+        if n == 1 or n > self.params.n_ubatch:
+            return LazyRows.ready(self.eval(tokens, cache, logits_from=0))
+        if cache.n_past + n > cache.n_ctx:
+            raise ContextTooLarge(
+                f"{cache.n_past + n} tokens do not fit the context of {cache.n_ctx} (-c); raise -c or shorten the input"
+            )
+        if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
+            raise HybridError(f"token id out of range [0, {self.config.n_vocab})")
+        positions = np.arange(cache.n_past, cache.n_past + n, dtype=np.int32)
+        h, where = self._layers(tokens, positions, cache)
+        cache.n_past += n
+        one_by_one = self.output_backend is self.cpu and (self.op_offload is None or not self.op_offload.wants(1))
+        return LazyRows(lambda a, b: self._logits(h[a:b], where), n, 1 if one_by_one else n)
 
     def _layers(self, tokens: np.ndarray, positions: np.ndarray, cache: KVCache) -> tuple:
         """Embedding and the layers over one micro-batch -> (hidden states, the backend holding them)."""

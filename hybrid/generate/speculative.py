@@ -84,6 +84,7 @@ class SpecStats:
     drafted_at: list[int] = field(default_factory=list)  # per draft position: how often it was verified
     accepted_at: list[int] = field(default_factory=list)  # ...and accepted
     draft_ms: float = 0.0  # time spent drafting (inside the eval time)
+    rows_skipped: int = 0  # positions after a rejection whose logits were never computed
 
     @property
     def rate(self) -> float:
@@ -111,6 +112,7 @@ class SpecStats:
         self.drafts += other.drafts
         self.steps += other.steps
         self.draft_ms += other.draft_ms
+        self.rows_skipped += other.rows_skipped
         for i, (d, a) in enumerate(zip(other.drafted_at, other.accepted_at)):
             if i == len(self.drafted_at):
                 self.drafted_at.append(0)
@@ -121,7 +123,7 @@ class SpecStats:
     def as_dict(self) -> dict:
         return {"drafted": self.drafted, "accepted": self.accepted, "acceptance_rate": self.rate,
                 "drafts": self.drafts, "mean_accepted": self.mean_accepted, "steps": self.steps,
-                "draft_ms": self.draft_ms,
+                "draft_ms": self.draft_ms, "rows_skipped": self.rows_skipped,
                 "acceptance_at": [a / d for a, d in zip(self.accepted_at, self.drafted_at)]}
 
 
@@ -177,7 +179,7 @@ def generate_speculative(engine: Engine, prompt: list[int], sampling: SamplingPa
             if len(draft) < k_min:
                 draft = []
             t_draft = time.perf_counter()
-            rows = engine.eval([tok, *draft], cache, logits_from=0)  # (1 + len(draft), n_vocab)
+            rows = engine.eval_rows([tok, *draft], cache)  # 1 + len(draft) rows, each computed when read
             timings.eval_tokens += 1
         finally:
             t1 = time.perf_counter()
@@ -186,9 +188,9 @@ def generate_speculative(engine: Engine, prompt: list[int], sampling: SamplingPa
         stats.draft_ms += 1000 * (t_draft - t0)
         stats.steps += 1
         if not draft:
+            logits = rows[-1]
             if length is not None:
                 length.observe(0, 0, ms)
-            logits = rows[-1]
             continue
         base = cache.n_past - len(draft)  # tok's position + 1: where d1 sits
         n_ok = 0
@@ -204,11 +206,14 @@ def generate_speculative(engine: Engine, prompt: list[int], sampling: SamplingPa
             history.append(t)
         else:
             pending = sampler.sample(rows[len(draft)], history)  # the bonus token
-        timings.sample_ms += 1000 * (time.perf_counter() - t0)
+        head_ms = rows.ms  # the output layer's rows, computed as they were read
+        timings.sample_ms += 1000 * (time.perf_counter() - t0) - head_ms
+        timings.eval_ms += head_ms
         cache.n_past = base + n_ok  # rollback: the rejected cells are overwritten by later writes
         stats.record(len(draft), n_ok)
+        stats.rows_skipped += len(rows) - rows.computed
         if length is not None:
-            length.observe(len(draft), n_ok, ms)
+            length.observe(len(draft), n_ok, ms + head_ms)
         timings.eval_tokens += n_ok
         for t in draft[:n_ok]:
             if engine.tokenizer.is_eog(t):
