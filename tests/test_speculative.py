@@ -161,3 +161,20 @@ def test_respects_n_predict_and_context(engine, prompt_ids):
     cache = engine.new_cache(len(prompt_ids) + 6)
     out = list(generate_speculative(engine, prompt_ids, GREEDY, -1, cache, NgramDrafter()))
     assert len(out) <= 7 and cache.n_past <= cache.n_ctx
+
+
+def test_eval_rows_equals_eval_and_skips_unread_rows(engine, prompt_ids):
+    cont = [int(t) for t in engine.tokenizer.encode(" get_z(self):\n        return", add_special=False)]
+    ref = engine.new_cache()
+    engine.eval(prompt_ids, ref)
+    want = engine.eval(cont, ref, logits_from=0)
+    cache = engine.new_cache()
+    engine.eval(prompt_ids, cache)
+    rows = engine.eval_rows(cont, cache)
+    assert cache.n_past == ref.n_past and len(rows) == len(cont) and rows.computed == 0
+    np.testing.assert_array_equal(rows[1], want[1])  # the CPU's integer dots: a row alone = the row in a batch
+    assert rows.computed == 2  # rows are computed in order, as far as read
+    np.testing.assert_array_equal(rows[-1], want[-1])
+    assert rows.computed == len(cont) and rows.ms > 0
+    with pytest.raises(IndexError):
+        rows[len(cont)]
