@@ -16,6 +16,7 @@ from hybrid.generate.chat import ChatSession
 from hybrid.engine.engine import Engine
 from hybrid.generate.timings import Timings
 from hybrid.generate.sampling import SamplingParams
+from hybrid.text.harmony import HarmonySplitter
 from hybrid.text.stream import TextStream
 
 from hybrid.cli.errors import one_line
@@ -52,7 +53,8 @@ def chat_loop(engine: Engine, sampling: SamplingParams, n_predict: int, template
             pending = clean_text(pending.rstrip("\n"))
         else:
             sys.stdout.write(f"> {pending}\n")
-        stream = TextStream(engine.tokenizer, special=special)
+        stream = HarmonyStream(engine.tokenizer) if session.harmony and not special else TextStream(engine.tokenizer,
+                                                                                                         special=special)
         timings = Timings()
         reply = session.send(pending, n_predict, timings)
         pending = None
@@ -76,3 +78,22 @@ def chat_loop(engine: Engine, sampling: SamplingParams, n_predict: int, template
              f"{timings.rate(timings.eval_tokens, timings.eval_ms):.1f} t/s generation"
              + (f"; {session.last_spec.accepted}/{session.last_spec.drafted} drafted tokens accepted"
                 if speculator is not None else "") + "]")
+
+
+class HarmonyStream:
+    """TextStream's push/flush for a harmony reply (gpt-oss): only the final channel is shown; the analysis channel
+    (its reasoning) and the markers are not."""
+
+    def __init__(self, tokenizer):
+        self.text = TextStream(tokenizer, special=True)
+        self.split = HarmonySplitter()
+
+    def push(self, token_id: int) -> str:
+        return self._content(self.split.push(self.text.push(token_id)))
+
+    def flush(self) -> str:
+        return self._content(self.split.push(self.text.flush()) + self.split.flush())
+
+    @staticmethod
+    def _content(parts) -> str:
+        return "".join(t for k, t in parts if k == "content")

@@ -169,7 +169,7 @@ FrequencyOpt = Annotated[
 ]
 ChatTemplateOpt = Annotated[
     Optional[str],
-    typer.Option("--chat-template", help="Built-in template name (gemma, chatml, llama3, llama2) or a jinja2 file."),
+    typer.Option("--chat-template", help="Built-in template name (gemma, chatml, llama3, llama2, harmony) or a jinja2 file."),
 ]
 VramBudgetOpt = Annotated[
     Optional[str],

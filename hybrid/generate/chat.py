@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from hybrid.text.chat_template import ChatTemplate, choose_template
+from hybrid.text.harmony import HarmonySplitter, is_harmony
 from hybrid.engine.engine import Engine
 from hybrid.errors import ContextTooLarge
 from hybrid.generate.loop import generate
@@ -61,4 +62,18 @@ class ChatSession:
                 yield t
         finally:
             self.cached_ids = (ids + reply)[: self.cache.n_past]
-            self.messages.append({"role": "assistant", "content": tok.decode(reply)})
+            self.messages.append({"role": "assistant", "content": self.reply_text(reply)})
+
+    @property
+    def harmony(self) -> bool:
+        """Whether replies come in harmony's channels (gpt-oss): their final channel is the answer."""
+        return is_harmony(self.template.source)
+
+    def reply_text(self, reply: list[int]) -> str:
+        """A reply's text as the conversation keeps it: harmony's final (and commentary) channel, without the
+        analysis channel and the markers; otherwise the decoded tokens."""
+        if not self.harmony:
+            return self.engine.tokenizer.decode(reply)
+        split = HarmonySplitter()
+        parts = split.push(self.engine.tokenizer.decode(reply, unparse_special=True)) + split.flush()
+        return "".join(t for k, t in parts if k == "content")

@@ -1,18 +1,9 @@
-"""Streaming text filters that hold back what is not resolved yet: a partial stop string (never leaked), and the
-shared helper that finds how much of a text's end could still become a tag."""
+"""Streaming text filters that hold back what is not resolved yet: a partial stop string (never leaked); the
+helper that finds how much of a text's end could still become a tag is text.stream.partial_tail."""
 
 from __future__ import annotations
 
-
-def partial_tail(text: str, tags: tuple[str, ...] | list[str]) -> int:
-    """The length of the longest end of `text` that is a proper beginning of one of `tags` (0 if none)."""
-    best = 0
-    for tag in tags:
-        for n in range(min(len(tag) - 1, len(text)), best, -1):
-            if text.endswith(tag[:n]):
-                best = n
-                break
-    return best
+from hybrid.text.stream import partial_tail
 
 
 class StopStrings:

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from hybrid.server.holdback import partial_tail
+from hybrid.text.stream import partial_tail
 
 OPEN, CLOSE = "<think>", "</think>"
 REASONING_FORMATS = ("none", "deepseek", "auto")  # auto: as deepseek (llama-server's default)

@@ -13,6 +13,7 @@ from hybrid.server.holdback import StopStrings
 from hybrid.server.reasoning import ReasoningSplitter
 from hybrid.server.slot import Delta, Final, Job
 from hybrid.server.toolcall_stream import ToolCallCatcher
+from hybrid.text.harmony import HarmonySplitter, is_harmony
 from hybrid.text.stream import TextStream
 
 
@@ -48,12 +49,14 @@ def logprob_entry(tok, logits: np.ndarray, token: int, n_top: int) -> dict:
 class Output:
     """Tokens in, deltas out: the text filters in the order they apply."""
 
-    def __init__(self, job: Job, tokenizer, reasoning: bool):
+    def __init__(self, job: Job, tokenizer, reasoning: bool, harmony: bool = False):
         chat = job.req.kind == "chat"
+        harmony = harmony and chat  # gpt-oss's channels: read with their markers written out, then split
         self.job = job
-        self.text = TextStream(tokenizer)
+        self.reasoning = reasoning
+        self.text = TextStream(tokenizer, special=harmony)
         self.stops = StopStrings(job.req.stop)
-        self.think = ReasoningSplitter(chat and reasoning, job.opens_think)
+        self.think = HarmonySplitter() if harmony else ReasoningSplitter(chat and reasoning, job.opens_think)
         names = {t["function"]["name"] for t in job.req.tools}
         self.tools = ToolCallCatcher(chat and bool(job.req.tools), names)
         self.logprobs: list = []
@@ -67,6 +70,8 @@ class Output:
 
     def _emit(self, text: str, final: bool = False) -> None:
         parts = self.think.push(text) + (self.think.flush() if final else [])
+        if not self.reasoning:  # --reasoning-format none: harmony's analysis channel stays in the content
+            parts = [("content", t) for _, t in parts]
         reasoning = "".join(t for k, t in parts if k == "reasoning")
         content = self.tools.push("".join(t for k, t in parts if k == "content"))
         calls = self.tools.deltas()
@@ -93,7 +98,7 @@ def run_job(state, job: Job) -> None:
     n_cached = pc.prepare(ids, req.cache_prompt)
     timings = Timings()
     tap = LogitsTap(engine) if req.logprobs else engine
-    out = Output(job, engine.tokenizer, state.config.reasoning_format != "none")
+    out = Output(job, engine.tokenizer, state.config.reasoning_format != "none", is_harmony(state.template.source))
     produced: list[int] = []
     finish, cancelled = None, False
     spec = SpecStats() if state.speculator is not None and not req.logprobs else None

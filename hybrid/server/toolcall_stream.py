@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from hybrid.server.holdback import partial_tail
+from hybrid.text.stream import partial_tail
 from hybrid.server.partial_json import Malformed, object_fields, skip_ws
 from hybrid.server.toolcalls import HERMES_OPEN, PYTHON_TAG, new_call_id, parse_tool_calls
 

@@ -1,6 +1,6 @@
 """Chat templates: the GGUF's own `tokenizer.chat_template` (jinja2), or a built-in one chosen by name/architecture.
 
-`--chat-template NAME|FILE`: a built-in name (gemma, chatml, llama3, llama2), or a path to a jinja2 file.
+`--chat-template NAME|FILE`: a built-in name (gemma, chatml, llama3, llama2, harmony), or a path to a jinja2 file.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import jinja2
 import jinja2.sandbox
 
 from hybrid.errors import HybridError
+from hybrid.text.harmony import HARMONY_TEMPLATE
 
 BUILTIN_TEMPLATES: dict[str, str] = {
     # llama.cpp's built-in `gemma` template; Gemma has no system role: a system message is prefixed to the first user turn.
@@ -43,8 +44,10 @@ BUILTIN_TEMPLATES: dict[str, str] = {
         "{%- else -%}{{- ' ' + m.content | trim + ' </s>' -}}{%- endif -%}"
         "{%- endfor -%}"
     ),
+    "harmony": HARMONY_TEMPLATE,  # gpt-oss (text/harmony.py)
 }
-DEFAULT_FOR_ARCH = {"gemma3": "gemma", "qwen2": "chatml", "qwen3": "chatml", "qwen3moe": "chatml", "llama": "llama3"}
+DEFAULT_FOR_ARCH = {"gemma3": "gemma", "qwen2": "chatml", "qwen3": "chatml", "qwen3moe": "chatml", "llama": "llama3",
+                    "gpt-oss": "harmony"}
 
 
 @dataclass(frozen=True)

@@ -27,3 +27,14 @@ class TextStream:
         new = text[len(self.emitted):]
         self.emitted = text
         return new
+
+
+def partial_tail(text: str, tags: tuple[str, ...] | list[str]) -> int:
+    """The length of the longest end of `text` that is a proper beginning of one of `tags` (0 if none)."""
+    best = 0
+    for tag in tags:
+        for n in range(min(len(tag) - 1, len(text)), best, -1):
+            if text.endswith(tag[:n]):
+                best = n
+                break
+    return best
