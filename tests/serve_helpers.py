@@ -10,13 +10,17 @@ import time
 from pathlib import Path
 from urllib.parse import urlparse
 
-from hybrid.engine.engine import Engine
-from hybrid.engine.launch import launch
-from hybrid.engine.params import EngineParams
-from hybrid.generate.timings import Timings
-from hybrid.model.files import default_cache_dir
-from hybrid.server.running import BackgroundServer
-from hybrid.server.state import ServerConfig, ServerState
+import pytest
+
+pytest.importorskip("uvicorn", reason="hybrid serve's tests need uvicorn (a dependency; the GPU machine lacks it)")
+
+from hybrid.engine.engine import Engine  # noqa: E402
+from hybrid.engine.launch import launch  # noqa: E402
+from hybrid.engine.params import EngineParams  # noqa: E402
+from hybrid.generate.timings import Timings  # noqa: E402
+from hybrid.model.files import default_cache_dir  # noqa: E402
+from hybrid.server.running import BackgroundServer  # noqa: E402
+from hybrid.server.state import ServerConfig, ServerState  # noqa: E402
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,7 +9,8 @@ from hybrid.engine import Engine, EngineParams
 from hybrid.generate.draft import NgramDrafter
 from hybrid.generate.loop import generate
 from hybrid.generate.sampling import SamplingParams
-from hybrid.generate.speculative import PROBE_EVERY, DraftLength, SpecStats, generate_speculative
+from hybrid.generate.speculative import (LEARN_MAX, PROBE_BUDGET, PROBE_EVERY, DraftLength, SpecStats,
+                                         generate_speculative)
 
 GREEDY = SamplingParams(temp=0.0)
 N_GEN = 48
@@ -64,8 +65,9 @@ def test_draft_length_follows_measured_cost_and_acceptance():
     d = DraftLength(1, 8)
     assert d.choose() == 0  # a plain step is measured first
     d.observe(0, 0, 10.0)
-    assert d.choose() == 8  # then a full draft, to measure a batch
-    d.observe(8, 8, 12.0)  # cheap batch, all accepted
+    assert d.choose() == LEARN_MAX  # then a moderate draft, to measure a check's cost
+    for _ in range(5):
+        d.observe(4, 4, 12.0)  # cheap checks, all accepted
     assert d.choose() == 8
     slow = DraftLength(1, 8)
     slow.observe(0, 0, 10.0)
@@ -74,7 +76,20 @@ def test_draft_length_follows_measured_cost_and_acceptance():
     assert slow.choose() == 0  # speculation does not pay: off
     for _ in range(PROBE_EVERY):
         slow.observe(0, 0, 10.0)
-    assert slow.choose() == 1  # ...but probed now and then
+    assert slow.choose() == 0  # a probe costs 0.6 of a step: not within 1 % of 32 steps...
+    for _ in range(int(6.0 / (PROBE_BUDGET * 10.0)) - PROBE_EVERY):
+        slow.observe(0, 0, 10.0)
+    assert slow.choose() == 1  # ...but within 1 % of 60
+
+
+def test_draft_length_keeps_to_the_allowed_lengths():
+    d = DraftLength(1, 8, lengths=(1, 3, 7))
+    d.observe(0, 0, 10.0)
+    assert d.choose() == 3  # the longest allowed up to LEARN_MAX
+    for _ in range(5):
+        d.observe(3, 3, 11.0)
+    assert d.choose() == 7
+    assert DraftLength(2, 8, lengths=(1, 3, 7)).lengths == [3, 7]
 
 
 # -- against the demo model ---------------------------------------------------------------------------------------

@@ -76,8 +76,9 @@ class GpuBackend:
 
     # ---- decode steps as CUDA graphs
     def decode_step(self, key, kv_layers: dict, fn, x: np.ndarray, position: int) -> np.ndarray:
-        """One decode token through a run of layers on this GPU: fn(x, positions) -> cupy array launches the work
-        (x (1, n_embd) float32 and positions (1,) int32 on the device; layer il's cache is kv_layers[il]).
+        """One decode token (or a speculative check's few) through a run of layers on this GPU: fn(x, positions)
+        -> cupy array launches the work (x (n, n_embd) float32 and positions (n,) int32 on the device, from
+        `position` on; layer il's cache is kv_layers[il]).
 
         x (host) crosses once, with the position and the cache addresses, in one asynchronous copy from pinned
         memory; the work is captured as a CUDA graph at the second call of a key (shape-relevant: the run of
@@ -94,8 +95,10 @@ class GpuBackend:
         def step(xd, pos, slots):
             base = slots.data.ptr
             self._slots = {il: (base + 16 * j, base + 16 * j + 8) for j, il in enumerate(ils)}
+            n = xd.shape[0]  # a speculative check's tokens sit at pos, pos + 1, ... (computed on the device)
+            positions = pos if n == 1 else pos + self._cupy.arange(n, dtype=self._cupy.int32)
             try:
-                return fn(xd, pos)
+                return fn(xd, positions)
             finally:
                 self._slots = {}
 

@@ -41,6 +41,11 @@ from hybrid.text.tokenizer import Tokenizer
 Progress = Callable[[str], None] | None
 
 
+# A speculative check of at most this many tokens runs through the decode CUDA graphs (one graph per batch size; the
+# GPU's matvec kernels take up to 8 tokens a launch, kernels_gpu.matmul.MATVEC_MAX_TOKENS); a bigger one, eagerly.
+GRAPH_MAX_TOKENS = 8
+
+
 @dataclass
 class Engine:
     gguf: GGUFFile
@@ -53,6 +58,7 @@ class Engine:
     output_backend: object = None
     placement: PlacementPlan | None = None  # None: everything on the CPU
     op_offload: object = None  # backends.op_offload.OpOffload when big batches of CPU layers run on the GPU
+    checks_prepared: set = field(default_factory=set)  # (cache size, draft lengths) whose check graphs are captured
 
     @classmethod
     def load(cls, path: str | Path, params: EngineParams = EngineParams(), progress: Progress = None,
@@ -234,17 +240,11 @@ class Engine:
         """
         tokens = np.asarray(tokens, dtype=np.int64)
         n = tokens.shape[0]
-        if n == 0:
-            raise HybridError("nothing to evaluate: the token list is empty")
-        if cache.n_past + n > cache.n_ctx:
-            raise ContextTooLarge(
-                f"{cache.n_past + n} tokens do not fit the context of {cache.n_ctx} (-c); raise -c or shorten the input"
-            )
-        if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
-            raise HybridError(f"token id out of range [0, {self.config.n_vocab})")
-        if n == 1 and any(hasattr(b, "decode_step") for b in (*self.backends, self.output_backend)):
-            logits = self._decode(int(tokens[0]), cache)  # (1, n_vocab): GPU runs replayed as CUDA graphs
-            cache.n_past += 1
+        self._check(tokens, cache)
+        # one token, or a speculative check's few with every row wanted: GPU runs replayed as CUDA graphs
+        if self._graphs and (n == 1 or (n <= GRAPH_MAX_TOKENS and logits_from == 0)):
+            logits = self._decode(tokens, cache)  # (n, n_vocab)
+            cache.n_past += n
             return logits[-1] if logits_from is None else logits
         first = n - 1 if logits_from is None else logits_from
         out = []
@@ -260,6 +260,54 @@ class Engine:
         logits = np.concatenate(out, axis=0)
         return logits[-1] if logits_from is None else logits
 
+    @property
+    def _graphs(self) -> bool:
+        """Whether some backend replays decode steps as CUDA graphs (a GPU's)."""
+        return any(hasattr(b, "decode_step") for b in (*self.backends, self.output_backend))
+
+    def _check(self, tokens: np.ndarray, cache: KVCache) -> None:
+        """HybridError for an empty batch or a token id out of range, ContextTooLarge when it does not fit."""
+        n = tokens.shape[0]
+        if n == 0:
+            raise HybridError("nothing to evaluate: the token list is empty")
+        if cache.n_past + n > cache.n_ctx:
+            raise ContextTooLarge(
+                f"{cache.n_past + n} tokens do not fit the context of {cache.n_ctx} (-c); raise -c or shorten the input"
+            )
+        if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
+            raise HybridError(f"token id out of range [0, {self.config.n_vocab})")
+
+    def draft_lengths(self, k_max: int) -> tuple[int, ...] | None:
+        """The speculative draft lengths worth trying: on a GPU those whose check (the draft and the token before
+        it) is 2, 4 or 8 tokens, each one CUDA graph to capture; on the CPU any (None)."""
+        if not self._graphs:
+            return None
+        return tuple(n - 1 for n in (2, 4, GRAPH_MAX_TOKENS) if n - 1 <= k_max) or (1,)
+
+    def prepare_checks(self, cache: KVCache, lengths) -> None:
+        """Capture the decode graphs of the checks a speculative generation may run on this cache's shape (draft
+        lengths `lengths`), once: two evaluations of each size past the cache's tokens (the first runs eagerly, the
+        second is captured), then the cache rolled back, its cells past n_past to be overwritten. No-op on the CPU,
+        or where the cache has no room."""
+        if not self._graphs:
+            return
+        key = (cache.n_ctx, tuple(sorted(set(lengths))))
+        if key in self.checks_prepared:
+            return
+        n_past = cache.n_past
+        bos = self.tokenizer.bos_id if self.tokenizer.bos_id is not None else 0
+        try:
+            for k in sorted(set(lengths)):
+                n = k + 1
+                if n > GRAPH_MAX_TOKENS or n_past + n > cache.n_ctx:
+                    continue
+                for _ in range(2):
+                    self.eval([bos] * n, cache, logits_from=0)
+                    cache.n_past = n_past
+        finally:
+            cache.n_past = n_past
+        self.checks_prepared.add(key)
+
     def eval_rows(self, tokens: list[int] | np.ndarray, cache: KVCache) -> "LazyRows":
         """As eval(tokens, cache, logits_from=0) for a speculative check (tokens fewer than -ub), with each row's
         logits computed when first read (LazyRows): the rows after a rejected draft token are never read. On the
@@ -268,14 +316,9 @@ class Engine:
         rows are computed together at the first read."""
         tokens = np.asarray(tokens, dtype=np.int64)
         n = tokens.shape[0]
-        if n == 1 or n > self.params.n_ubatch:
+        if n == 1 or n > self.params.n_ubatch or (self._graphs and n <= GRAPH_MAX_TOKENS):
             return LazyRows.ready(self.eval(tokens, cache, logits_from=0))
-        if cache.n_past + n > cache.n_ctx:
-            raise ContextTooLarge(
-                f"{cache.n_past + n} tokens do not fit the context of {cache.n_ctx} (-c); raise -c or shorten the input"
-            )
-        if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
-            raise HybridError(f"token id out of range [0, {self.config.n_vocab})")
+        self._check(tokens, cache)
         positions = np.arange(cache.n_past, cache.n_past + n, dtype=np.int32)
         h, where = self._layers(tokens, positions, cache)
         cache.n_past += n
@@ -316,12 +359,14 @@ class Engine:
         logits = be.to_host(forward.head(be, self.config, output, output_norm, be.from_host(h)))  # (n, n_vocab)
         return forward.softcap(self.config, logits)
 
-    def _decode(self, token: int, cache: KVCache) -> np.ndarray:
-        """One token at position cache.n_past through the layers and the output layer -> logits (1, n_vocab).
-        Each run of layers on a GPU (with the output layer when it follows them there) is one decode_step of its
-        backend: the hidden state crosses to the GPU once, the run replays as a CUDA graph."""
+    def _decode(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
+        """A token (or a speculative check's few, GRAPH_MAX_TOKENS at most) at positions cache.n_past.. through the
+        layers and the output layer -> logits (n, n_vocab). Each run of layers on a GPU (with the output layer when
+        it follows them there) is one decode_step of its backend: the hidden states cross to the GPU once, the run
+        replays as a CUDA graph (one per batch size)."""
         cfg, spec, w = self.config, self.spec, self.weights
-        x = forward.embed(self.cpu, spec, cfg, w, np.array([token], dtype=np.int64))  # (1, n_embd) on the host
+        x = forward.embed(self.cpu, spec, cfg, w, np.asarray(tokens, dtype=np.int64))  # (n, n_embd) on the host
+        n = x.shape[0]
         runs = [[be, a, b, False] for a, b, be in _runs(self.backends)]  # [backend, first, end, with the output]
         if runs and runs[-1][0] is self.output_backend:
             runs[-1][3] = True
@@ -340,7 +385,7 @@ class Engine:
                 x = be.decode_step((a, b, with_output), {il: cache.layers[il] for il in range(a, b)}, run, x,
                                    cache.n_past)
             else:
-                x = run(x, np.array([cache.n_past], dtype=np.int32))
+                x = run(x, np.arange(cache.n_past, cache.n_past + n, dtype=np.int32))
         return forward.softcap(cfg, x)
 
 

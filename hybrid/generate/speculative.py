@@ -11,7 +11,10 @@ overwrite the rejected cells (tests/test_speculative.py checks it).
 Adaptive draft length (DraftLength): the acceptance per draft token and the cost of a verification batch are
 measured as it runs (decayed averages; cost(n) = t1 + slope * (n - 1), t1 from one-token steps), and each step drafts
 the k in [draft_min, draft_max] that maximises the expected tokens per millisecond, (1 - a^(k+1)) / (1 - a) / cost(k),
-or nothing when a plain step does better; while off, one draft in PROBE_EVERY steps re-measures the acceptance.
+or nothing when a plain step does better; while off, a short draft now and then re-measures the acceptance (every
+PROBE_EVERY steps, or less often where a check costs more than PROBE_BUDGET of the plain steps would allow).
+On a GPU the checks run as CUDA graphs of a few batch sizes (Engine.draft_lengths, prepared once per cache shape by
+Engine.prepare_checks), the draft lengths limited to them.
 """
 
 from __future__ import annotations
@@ -28,15 +31,22 @@ from hybrid.generate.timings import Timings
 from hybrid.kv.cache import KVCache
 
 
-PROBE_EVERY = 32  # while speculation does not pay: one draft of draft_min tokens in this many steps
+PROBE_EVERY = 32  # while speculation does not pay: one draft of draft_min tokens in this many steps at least...
+PROBE_BUDGET = 0.01  # ...and in as many more as keep the probes' extra cost within this share of the plain steps
+LEARN_MAX = 4  # the first draft (the one that measures a check's cost) is at most this long
 DECAY = 0.9  # weight of the past in the running acceptance and cost estimates
 
 
 class DraftLength:
-    """Chooses each step's draft length from the measured acceptance and verification cost (0: no draft)."""
+    """Chooses each step's draft length from the measured acceptance and verification cost (0: no draft).
 
-    def __init__(self, k_min: int, k_max: int):
+    lengths: the draft lengths allowed (None: any from k_min to k_max); a GPU allows those whose check runs as one
+    CUDA graph of a few sizes (Engine.draft_lengths), so that every size it tries is captured once."""
+
+    def __init__(self, k_min: int, k_max: int, lengths: Sequence[int] | None = None):
         self.k_min, self.k_max = max(k_min, 1), k_max
+        allowed = range(self.k_min, k_max + 1) if lengths is None else lengths
+        self.lengths = sorted(k for k in allowed if self.k_min <= k <= k_max) or [self.k_min]
         self.hits, self.trials = 0.0, 0.0  # decayed counts of accepted / verified draft tokens
         self.t1: float | None = None  # ms of a one-token step
         self.slope: float | None = None  # ms per extra token in a verification batch
@@ -44,21 +54,22 @@ class DraftLength:
 
     @property
     def alpha(self) -> float:
-        return (self.hits + 1.0) / (self.trials + 2.0)  # Laplace prior: 0.5 before any draft
+        return (self.hits + 0.5) / (self.trials + 1.0)  # a weak prior (0.5, one token's worth) before any draft
 
     def choose(self) -> int:
         if self.t1 is None:
             return 0  # measure a plain step first
-        if self.slope is None:
-            return self.k_max  # cost of a batch unknown: draft to learn it
+        if self.slope is None:  # the cost of a check unknown: draft to learn it
+            return max([k for k in self.lengths if k <= LEARN_MAX] or self.lengths[:1])
         a = min(self.alpha, 0.999)
         best_k, best = 0, 1.0 / self.t1
-        for k in range(self.k_min, self.k_max + 1):
+        for k in self.lengths:
             rate = (1.0 - a ** (k + 1)) / (1.0 - a) / (self.t1 + self.slope * k)
             if rate > best:
                 best_k, best = k, rate
-        if best_k == 0 and self.idle >= PROBE_EVERY:
-            return self.k_min
+        probe_every = max(PROBE_EVERY, self.slope * self.lengths[0] / (PROBE_BUDGET * self.t1))
+        if best_k == 0 and self.idle >= probe_every:
+            return self.lengths[0]
         return best_k
 
     def observe(self, n_draft: int, n_ok: int, ms: float) -> None:
@@ -148,9 +159,12 @@ def generate_speculative(engine: Engine, prompt: list[int], sampling: SamplingPa
     context = [*prefix, *prompt]  # the whole sequence, for the drafter
     k_min = max(draft_min, 1)
     if adaptive and length is None:
-        length = DraftLength(k_min, draft_max)
+        length = DraftLength(k_min, draft_max, engine.draft_lengths(draft_max))
     elif not adaptive:
         length = None
+    t0 = time.perf_counter()
+    engine.prepare_checks(cache, length.lengths if length is not None else [draft_max])
+    timings.prompt_ms += 1000 * (time.perf_counter() - t0)  # once per cache shape: the checks' graphs captured
     produced = 0
     pending: int | None = None  # a token already drawn at verification (the mismatch or the bonus)
     while n_predict < 0 or produced < n_predict:
@@ -237,15 +251,14 @@ class Speculator:
     stats: SpecStats = field(default_factory=SpecStats)
     length: DraftLength | None = None
 
-    def __post_init__(self) -> None:
-        if self.adaptive and self.length is None:
-            self.length = DraftLength(max(self.draft_min, 1), self.draft_max)
 
     def generate(self, engine: Engine, prompt: list[int], sampling: SamplingParams, n_predict: int,
                  cache: KVCache, timings: Timings | None = None, prefix: Sequence[int] = (),
                  stats: SpecStats | None = None) -> Iterator[int]:
         """generate_speculative with this drafter; stats (optional) gets this generation's counts alone."""
         own = stats if stats is not None else SpecStats()
+        if self.adaptive and self.length is None:
+            self.length = DraftLength(max(self.draft_min, 1), self.draft_max, engine.draft_lengths(self.draft_max))
         try:
             yield from generate_speculative(engine, prompt, sampling, n_predict, cache, self.drafter,
                                             self.draft_max, self.draft_min, timings, own, self.adaptive, prefix,
