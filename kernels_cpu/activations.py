@@ -64,8 +64,22 @@ def _unary(x, op, cap, table, out):
             out[i] = cap * np.tanh(v / cap)
 
 
+SWIGLU_OAI_ALPHA = np.float32(1.702)  # llama.cpp's build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE (hard-coded there)
+SWIGLU_OAI_LIMIT = np.float32(7.0)
+
+
+@njit(inline="always", fastmath=True)
+def _swiglu_oai(g, u):
+    # ggml_compute_forward_swiglu_oai_f32: x = min(g, limit), y = clamp(u, -limit, limit), x sigmoid(alpha x) (y + 1)
+    x = min(g, SWIGLU_OAI_LIMIT)
+    y = min(max(u, -SWIGLU_OAI_LIMIT), SWIGLU_OAI_LIMIT)
+    return x / (np.float32(1.0) + np.exp(-SWIGLU_OAI_ALPHA * x)) * (y + np.float32(1.0))
+
+
 @njit(inline="always", fastmath=True)
 def _glu_one(gate, up, op, table, out, i):
+    # op 0 silu, 1 gelu, 2 gelu via the fp16 table (op 3, swiglu_oai, has loops of its own: a fourth branch in this
+    # body changed how LLVM compiled the others' loops, and with them the last bit of a few results)
     g = gate[i]
     if op == 0:
         a = _silu(g)
@@ -78,15 +92,23 @@ def _glu_one(gate, up, op, table, out, i):
 
 @njit(cache=True, fastmath=True, parallel=True)
 def _glu_par(gate, up, op, table, out):
-    # gate, up, out f32 (n,): out = act(gate) * up; op 0 silu, 1 gelu, 2 gelu via fp16 table
-    for i in prange(gate.shape[0]):
-        _glu_one(gate, up, op, table, out, i)
+    # gate, up, out f32 (n,): out = act(gate) * up; op 0 silu, 1 gelu, 2 gelu via fp16 table, 3 swiglu_oai
+    if op == 3:
+        for i in prange(gate.shape[0]):
+            out[i] = _swiglu_oai(gate[i], up[i])
+    else:
+        for i in prange(gate.shape[0]):
+            _glu_one(gate, up, op, table, out, i)
 
 
 @njit(cache=True, fastmath=True)
 def _glu_serial(gate, up, op, table, out):
-    for i in range(gate.shape[0]):
-        _glu_one(gate, up, op, table, out, i)
+    if op == 3:
+        for i in range(gate.shape[0]):
+            out[i] = _swiglu_oai(gate[i], up[i])
+    else:
+        for i in range(gate.shape[0]):
+            _glu_one(gate, up, op, table, out, i)
 
 
 # a GLU costs an exp (or a table lookup) per element: more than a norm's, so the workers take over sooner; measured
@@ -178,23 +200,11 @@ def geglu(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None, f16_t
     return _glu_apply(gate, up, 2 if f16_table else 1, out, "geglu")
 
 
-SWIGLU_OAI_ALPHA = np.float32(1.702)  # llama.cpp's build_moe_ffn, LLM_FFN_SWIGLU_OAI_MOE (hard-coded there)
-SWIGLU_OAI_LIMIT = np.float32(7.0)
-
-
-def swiglu_oai(gate: np.ndarray, up: np.ndarray, alpha: float = SWIGLU_OAI_ALPHA,
-               limit: float = SWIGLU_OAI_LIMIT) -> np.ndarray:
-    """gpt-oss's clamped SwiGLU, ggml_compute_forward_swiglu_oai_f32: x = min(gate, limit), y = clamp(up, -limit,
-    limit), x / (1 + exp(-alpha x)) * (y + 1); f32 in, f32 out, same shape. numpy float32 (the experts' GLU of
-    gpt-oss runs op by op, on a few rows of 32..2880 values)."""
-    if gate.shape != up.shape or gate.dtype != np.float32 or up.dtype != np.float32:
-        raise ValueError(f"swiglu_oai: gate and up must be float32 of one shape, found {gate.dtype} {gate.shape} "
-                         f"and {up.dtype} {up.shape}")
-    a, lim = np.float32(alpha), np.float32(limit)
-    x = np.minimum(gate, lim)
-    y = np.clip(up, -lim, lim)
-    with np.errstate(over="ignore"):  # exp overflows to inf for x << 0: x / inf = -0, as in ggml
-        return x / (np.float32(1.0) + np.exp(a * -x)) * (y + np.float32(1.0))
+def swiglu_oai(gate: np.ndarray, up: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU, ggml_compute_forward_swiglu_oai_f32 (alpha 1.702, limit 7.0): x = min(gate, limit),
+    y = clamp(up, -limit, limit), x / (1 + exp(-alpha x)) * (y + 1); f32, any shape. The compiled GLU (op 3) that
+    the fused MoE experts use too, so that the op-by-op and fused paths agree bit for bit."""
+    return _glu_apply(gate, up, 3, out, "swiglu_oai")
 
 
 def softmax(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:

@@ -149,9 +149,18 @@ def _rows(mat, f, e, r0, r1, off, cnt, src, leg, kq, xp_leg, xp_k, panel0, y, wd
                     vec_dot_legacy.rows_dot(kind, wf, rb, b0, b1, leg[0][t], leg[1][t], leg[2][t], y[p], n_in // 32)
 
 
+@njit(inline="always")
+def _add_bias(y, bias, e, r0, r1, off, cnt):
+    """y[p, r0:r1] += bias[e, r0:r1] for the pairs p of expert e (bias of 0 rows: none), as numpy's float32 add."""
+    if bias.shape[0]:
+        for p in range(off, off + cnt):
+            for r in range(r0, r1):
+                y[p, r] += bias[e, r]
+
+
 @njit(cache=True, parallel=True, fastmath=True)
 def _project(n_threads, tasks, mat_a, mat_b, y_a, y_b, act, glu_op, table, offsets, src, leg, kq, xp_leg, xp_k,
-             panel0, counter):
+             panel0, counter, bias_a, bias_b):
     """The parallel region of one projection: y_a[p] = expert e's mat_a . the activations of row src[p] for every
     pair p of e, and where mat_b is a matrix (family != 0) y_b[p] likewise and act[p] = glu(y_a[p], y_b[p]) (the
     GLU of the same rows, as activations.glu_rows computes it), over `tasks` (_plan) claimed dynamically. (Claiming
@@ -170,17 +179,20 @@ def _project(n_threads, tasks, mat_a, mat_b, y_a, y_b, act, glu_op, table, offse
             e, r0, r1 = tasks[task, 0], tasks[task, 1], tasks[task, 2]
             off, cnt = offsets[e], offsets[e + 1] - offsets[e]
             _rows(mat_a, fa, e, r0, r1, off, cnt, src, leg, kq, xp_leg, xp_k, panel0, y_a, wd, c)
+            _add_bias(y_a, bias_a, e, r0, r1, off, cnt)
             if two:
                 _rows(mat_b, fb, e, r0, r1, off, cnt, src, leg, kq, xp_leg, xp_k, panel0, y_b, wd, c)
+                _add_bias(y_b, bias_b, e, r0, r1, off, cnt)
                 for p in range(off, off + cnt):
                     _glu_serial(y_a[p, r0:r1], y_b[p, r0:r1], glu_op, table, act[p, r0:r1])
             task = next_task(counter)
 
 
 @njit(cache=True)
-def _projection(n_threads, x, src, offsets, used, mat_a, mat_b, y_a, y_b, act, glu_op, table):
-    """y_a[p] = expert e's mat_a . x[src[p]] for every pair p of every used expert e; where mat_b is a matrix
-    (family != 0), y_b[p] likewise and act[p] = glu(y_a[p], y_b[p]) (glu_op, table: activations.glu_rows')."""
+def _projection(n_threads, x, src, offsets, used, mat_a, mat_b, y_a, y_b, act, glu_op, table, bias_a, bias_b):
+    """y_a[p] = expert e's mat_a . x[src[p]] (+ bias_a[e]) for every pair p of every used expert e; where mat_b is a
+    matrix (family != 0), y_b[p] likewise (+ bias_b[e]) and act[p] = glu(y_a[p], y_b[p]) (glu_op, table:
+    activations.glu_rows'); a bias of 0 rows is none."""
     fam_a, fam_b = mat_a[2], mat_b[2]
     leg, kq = _acts(x, fam_a == FAM_LEGACY or fam_b == FAM_LEGACY, fam_a == FAM_K or fam_b == FAM_K)
     tasks, panels, panel0 = _plan(used, offsets, mat_a[0].shape[1], n_threads)
@@ -193,7 +205,7 @@ def _projection(n_threads, x, src, offsets, used, mat_a, mat_b, y_a, y_b, act, g
             xp_k = _pack(kq[0], kq[1], 256, src, panels)
     counter = np.zeros(8, dtype=np.int64)  # a fresh task counter (kernels_cpu.sched)
     _project(n_threads, tasks, mat_a, mat_b, y_a, y_b, act, glu_op, table, offsets, src, leg, kq, xp_leg, xp_k,
-             panel0, counter)
+             panel0, counter, bias_a, bias_b)
 
 
 @njit(inline="always")
@@ -231,11 +243,23 @@ def _weighted_sum(ids, weights, pair_of, d, out):
             _weighted_row(ids, weights, pair_of, d, out, t)
 
 
+_NO_BIAS = np.empty((0, 0), dtype=np.float32)
+
+
 @njit(cache=True)
 def moe_experts(n_threads, h, ids, weights, gate, up, down, empty, glu_op, table):
     """The experts of a routed batch: h float32 (n_tok, n_embd), ids int64 / weights float32 (n_tok, n_used) ->
     float32 (n_tok, n_embd). gate, up, down: expert weights (module docstring); empty: an expert weight of family
-    0; glu_op: kernels_cpu.activations' (0 silu, 2 gelu through the fp16 table `table`)."""
+    0; glu_op: kernels_cpu.activations' (0 silu, 2 gelu through the fp16 table `table`, 3 swiglu_oai)."""
+    return moe_experts_biased(n_threads, h, ids, weights, gate, up, down, empty, glu_op, table, _NO_BIAS, _NO_BIAS,
+                              _NO_BIAS)
+
+
+@njit(cache=True)
+def moe_experts_biased(n_threads, h, ids, weights, gate, up, down, empty, glu_op, table, bias_gate, bias_up,
+                       bias_down):
+    """moe_experts with per-expert biases added to each projection's output (gpt-oss): bias_* float32
+    (n_expert, n_out) or of 0 rows (none), added as blocks.moe_ffn adds them (a float32 add after the product)."""
     n_expert, n_ff = gate[0].shape[0], gate[0].shape[1]
     n_embd = down[0].shape[1]
     offsets, pair_tok, pair_of, used = group_pairs(ids, n_expert)
@@ -243,10 +267,11 @@ def moe_experts(n_threads, h, ids, weights, gate, up, down, empty, glu_op, table
     g = np.empty((n_pairs, n_ff), dtype=np.float32)  # pairs in group order
     u = np.empty((n_pairs, n_ff), dtype=np.float32)
     act = np.empty((n_pairs, n_ff), dtype=np.float32)
-    _projection(n_threads, h, pair_tok, offsets, used, gate, up, g, u, act, glu_op, table)
+    _projection(n_threads, h, pair_tok, offsets, used, gate, up, g, u, act, glu_op, table, bias_gate, bias_up)
     d = np.empty((n_pairs, n_embd), dtype=np.float32)
     none = np.empty((0, 0), dtype=np.float32)
-    _projection(n_threads, act, np.arange(n_pairs), offsets, used, down, empty, d, none, none, glu_op, table)
+    _projection(n_threads, act, np.arange(n_pairs), offsets, used, down, empty, d, none, none, glu_op, table,
+                bias_down, _NO_BIAS)
     out = np.empty((h.shape[0], n_embd), dtype=np.float32)
     _weighted_sum(ids, weights, pair_of, d, out)
     return out

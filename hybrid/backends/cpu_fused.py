@@ -21,7 +21,7 @@ _FAMILY = {name: (fused_layer.FAM_LEGACY if fam == "Q8_0" else fused_layer.FAM_K
            for fam, (codes, _) in _INT_FAMILIES.items() for name, code in codes.items()}
 _MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output")
 _FFN_MATRICES = ("ffn_gate", "ffn_up", "ffn_down")
-_GLU_OP = {"silu": 0, "gelu": 2}  # gelu through ggml's fp16 table, as CpuBackend.glu
+_GLU_OP = {"silu": 0, "gelu": 2, "swiglu_oai": 3}  # gelu through ggml's fp16 table, as CpuBackend.glu
 _NONE = np.zeros(1, dtype=np.float32)  # an absent norm or bias (never read)
 _NONE.flags.writeable = False
 

@@ -13,6 +13,7 @@ from kernels_cpu.matmul import GEMM_MIN_TOKENS, _kernel, matmul
 from kernels_cpu.moe_route import route_topk
 
 from hybrid.backends.cpu_fused import _FAMILY, _GLU_OP, _vec
+from hybrid.model.arch.blocks import route_layer
 from hybrid.model.arch.moe import fused_moe_ok, moe_layer
 from hybrid.model.arch.spec import SHARED_EXPERT, ArchSpec
 
@@ -57,16 +58,33 @@ def moe_fusable(spec: ArchSpec, lw) -> bool:
     return all(w.type_name in _FAMILY and isinstance(w.raw, np.ndarray) and w.raw.ndim == 3 for w in ws)
 
 
+def _biases(lw, name: str) -> np.ndarray:
+    """A per-expert bias tensor (gpt-oss) as read-only float32 (n_expert, n_out), or of 0 rows where absent."""
+    w = lw.get(name)
+    if w is None:
+        return _NO_BIAS
+    raw = w.raw.view(np.float32) if w.raw.dtype == np.uint8 else w.raw
+    return _read_only(np.ascontiguousarray(raw, dtype=np.float32))
+
+
+_NO_BIAS = _read_only(np.empty((0, 0), dtype=np.float32))
+
+
 class _MoeLayer:
     """One MoE layer's fixed arguments of moe_ffn and moe_ffn_half."""
 
-    def __init__(self, cfg, lw) -> None:
+    def __init__(self, spec, cfg, lw) -> None:
+        # plain softmax routing without biases: routed in compiled code (moe_route); else on the host as
+        # blocks.route_layer, then the compiled experts (with their biases, gpt-oss)
+        self.plain = fused_moe_ok(spec, cfg, lw)
+        self.biases = tuple(_biases(lw, f"{n}.bias") for n in _EXPERTS)
         self.gate, self.up, self.down = (_experts(lw[n]) for n in _EXPERTS)
         self.router = lw["ffn_gate_inp"]
         f32 = self.router.type_name == "F32" and self.router.raw.ndim == 2
         # an F32 router is multiplied inside moe_ffn for few tokens; any other goes through kernels_cpu.matmul
         self.router_f32 = _read_only(self.router.raw.view(np.float32)) if f32 else None
-        self.ffn_norm = _vec(lw, "ffn_norm", cfg.n_embd)
+        # moe_ffn_half's norm (plain routing only; a layer whose FFN norm has another name has no one-call form)
+        self.ffn_norm = _vec(lw, "ffn_norm", cfg.n_embd) if self.plain and "ffn_norm" in lw else None
         self.eps = np.float32(cfg.f_norm_rms_eps)
         # Q4_1/Q5_1 experts: a group of GEMM_MIN_TOKENS tokens would need the GEMM's numpy min term
         self.batch_ok = not any(fam == FAM_LEGACY and kind in _WITH_MIN
@@ -82,9 +100,7 @@ class FusedMoE:
     def _layer(self, spec: ArchSpec, cfg, lw) -> _MoeLayer | None:
         hit = self._layers.get(id(lw))
         if hit is None or hit[0] is not lw:
-            # routing other than plain softmax (sigmoid, exp_probs_b, groups, a scale) runs op by op
-            ok = moe_fusable(spec, lw) and fused_moe_ok(spec, cfg, lw)
-            hit = self._layers[id(lw)] = (lw, _MoeLayer(cfg, lw) if ok else None)
+            hit = self._layers[id(lw)] = (lw, _MoeLayer(spec, cfg, lw) if moe_fusable(spec, lw) else None)
         return hit[1]
 
     def __call__(self, spec: ArchSpec, cfg, lw, h: np.ndarray, observer=None) -> np.ndarray | None:
@@ -95,8 +111,8 @@ class FusedMoE:
         if L is None or n_tok == 0 or (n_tok >= GEMM_MIN_TOKENS and not L.batch_ok):
             return None
         h = np.ascontiguousarray(h, dtype=np.float32)
-        if observer is not None:
-            return self._observed(spec, cfg, lw, L, h, observer)
+        if observer is not None or not L.plain:
+            return self._two_steps(spec, cfg, lw, L, h, observer)
         if n_tok < GEMM_MIN_TOKENS and L.router_f32 is not None:
             logits, router = _NO_LOGITS, L.router_f32  # the router's product inside moe_ffn
         else:
@@ -105,23 +121,30 @@ class FusedMoE:
         return moe.moe_ffn(numba.get_num_threads(), h, logits, router, cfg.n_expert_used, spec.moe_norm_weights,
                            L.gate, L.up, L.down, _EMPTY, _GLU_OP[spec.ffn_act], GELU_F16_TABLE)
 
-    def _observed(self, spec: ArchSpec, cfg, lw, L: _MoeLayer, h: np.ndarray, observer) -> np.ndarray:
-        """moe_ffn's two steps called one at a time so that observer hears the ids and weights its compiled routing
-        (route_topk) produced: kernels_cpu.matmul's router product (moe_ffn's own below GEMM_MIN_TOKENS), then
-        the routing, then moe_experts on them: the same numbers as moe_ffn, bit for bit."""
+    def _two_steps(self, spec: ArchSpec, cfg, lw, L: _MoeLayer, h: np.ndarray, observer) -> np.ndarray:
+        """The routing, then the experts, in two calls: for routing other than plain softmax (blocks.route_layer on
+        the host, as the op-by-op path), and while an observer listens (it hears the ids and weights the routing
+        produced). kernels_cpu.matmul's router product (moe_ffn's own below GEMM_MIN_TOKENS), the routing, then
+        moe_experts_biased on them: the same numbers as moe_ffn or the op-by-op path, bit for bit."""
         logits = matmul(L.router.raw, L.router.type_name, h)  # (n_tok, n_expert)
-        ids, weights = route_topk(logits, cfg.n_expert_used, spec.moe_norm_weights)
-        observer.routed(moe_layer(lw), ids, weights)
-        return moe.moe_experts(numba.get_num_threads(), h, ids, weights, L.gate, L.up, L.down, _EMPTY,
-                               _GLU_OP[spec.ffn_act], GELU_F16_TABLE)
+        if L.plain:
+            ids, weights = route_topk(logits, cfg.n_expert_used, spec.moe_norm_weights)
+        else:
+            ids, weights = route_layer(spec, cfg, lw, logits)
+            ids = np.ascontiguousarray(ids, dtype=np.int64)
+            weights = np.ascontiguousarray(weights, dtype=np.float32)
+        if observer is not None:
+            observer.routed(moe_layer(lw), ids, weights)
+        return moe.moe_experts_biased(numba.get_num_threads(), h, ids, weights, L.gate, L.up, L.down, _EMPTY,
+                                      _GLU_OP[spec.ffn_act], GELU_F16_TABLE, *L.biases)
 
     def ffn_half(self, spec: ArchSpec, cfg, lw, x: np.ndarray, a: np.ndarray, observer=None) -> np.ndarray | None:
         """The rest of blocks.layer_forward after the attention part a (x + a, its norm, the MoE FFN, the residual)
         in one compiled call for a batch of few tokens and an F32 router; else None (blocks.layer_forward then
         runs it, and the MoE FFN through __call__; so too while an observer listens: the call hides its routing)."""
         L = self._layer(spec, cfg, lw)
-        if (L is None or L.router_f32 is None or not 0 < x.shape[0] < GEMM_MIN_TOKENS or SHARED_EXPERT[0] in lw
-                or observer is not None):
+        if (L is None or L.ffn_norm is None or L.router_f32 is None or not 0 < x.shape[0] < GEMM_MIN_TOKENS
+                or SHARED_EXPERT[0] in lw or observer is not None):
             return None  # (a shared expert is blocks.moe_ffn's to add)
         return moe.moe_ffn_half(numba.get_num_threads(), np.ascontiguousarray(x, dtype=np.float32),
                                 np.ascontiguousarray(a, dtype=np.float32), L.eps, L.ffn_norm, L.router_f32,

@@ -10,7 +10,7 @@ from gguf_io import ModelConfig
 
 from hybrid.model.weights import Weight
 from hybrid.model.arch.mla import mla_attention
-from hybrid.model.arch.moe import fused_moe_ok, moe_layer, route_gated, routing
+from hybrid.model.arch.moe import moe_layer, route_gated, routing
 from hybrid.model.arch.spec import SHARED_EXPERT, ArchSpec, layer_spec
 
 
@@ -100,6 +100,19 @@ def route(router_logits: np.ndarray, n_used: int, normalize: bool) -> tuple[np.n
     return ids, w.astype(np.float32)
 
 
+def route_layer(spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], logits: np.ndarray, to_host=np.asarray):
+    """A MoE layer's routing of its router's logits (host float32 (n, n_expert)) on the host: the router's bias
+    added (gpt-oss), then plain softmax top-k (`route`) or the gated forms (`route_gated`: sigmoid, the selection
+    bias exp_probs_b, groups, a scale, softmax of the selected). -> (ids int64 (n, k), weights float32 (n, k))."""
+    if "ffn_gate_inp.bias" in lw:  # gpt-oss
+        logits = logits + np.asarray(to_host(lw["ffn_gate_inp.bias"].raw), dtype=np.float32)
+    r = routing(spec, cfg)
+    bias = lw.get("exp_probs_b.bias")
+    if r.plain and bias is None:
+        return route(logits, cfg.n_expert_used, r.normalize)
+    return route_gated(logits, r, None if bias is None else np.asarray(to_host(bias.raw)))
+
+
 def expert_biases(be, lw: dict[str, Weight], name: str):
     """The per-expert bias rows of `name` (n_expert, n_out) f32 on be's device (a 2-D F32 tensor is held as raw
     bytes, as a matrix), or None where the layer has none."""
@@ -112,19 +125,13 @@ def expert_biases(be, lw: dict[str, Weight], name: str):
 
 def moe_ffn(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], h: np.ndarray) -> np.ndarray:
     """Top-k experts per token, plus the shared expert where the layer has one: the routed experts through the
-    backend's fused form where it has one (Backend.fused_moe; plain softmax routing only), else op by op with the
-    routing on the host and tokens grouped by expert, so each expert's weights are read once per batch."""
-    out = be.fused_moe(spec, cfg, lw, h) if fused_moe_ok(spec, cfg, lw) else None
+    backend's fused form where it has one (Backend.fused_moe: the CPU's for every routing, a GPU's for plain
+    softmax), else op by op with the routing on the host and tokens grouped by expert, so each expert's weights
+    are read once per batch."""
+    out = be.fused_moe(spec, cfg, lw, h)  # None where the backend has no fused form for this layer or batch
     if out is None:
         logits = np.asarray(be.to_host(be.matmul(lw["ffn_gate_inp"], h)), dtype=np.float32)  # (n, n_expert)
-        if "ffn_gate_inp.bias" in lw:  # gpt-oss
-            logits = logits + np.asarray(be.to_host(lw["ffn_gate_inp.bias"].raw), dtype=np.float32)
-        r = routing(spec, cfg)
-        bias = lw.get("exp_probs_b.bias")
-        if r.plain and bias is None:
-            ids, w = route(logits, cfg.n_expert_used, r.normalize)
-        else:
-            ids, w = route_gated(logits, r, None if bias is None else np.asarray(be.to_host(bias.raw)))
+        ids, w = route_layer(spec, cfg, lw, logits, be.to_host)
         observer = getattr(be, "routing_observer", None)  # moe.RoutingObserver; a test's backend may lack it
         if observer is not None:
             observer.routed(moe_layer(lw), ids, w)
