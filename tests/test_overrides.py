@@ -218,11 +218,18 @@ def test_the_engine_keeps_the_overridden_experts_in_ram(monkeypatch):
         eng.close()
 
 
-def test_experts_in_ram_need_plain_softmax_routing(monkeypatch):
+def test_experts_in_ram_need_a_cpu_moe_kernel(monkeypatch):
+    """Any routing may keep its experts in RAM (the gated forms route on the host); float experts may not (the
+    CPU's MoE kernel takes the integer-dot types)."""
     from hybrid.errors import UnsupportedPlacement
 
-    with pytest.raises(UnsupportedPlacement, match="plain softmax routing"):
-        _load(monkeypatch, "glm4moe-q4_k_m.gguf", overrides=build_overrides(cpu_moe=True))
+    eng = _load(monkeypatch, "glm4moe-q4_k_m.gguf", overrides=build_overrides(cpu_moe=True))
+    try:
+        assert any(lp.experts_on_cpu for lp in eng.placement.layers)
+    finally:
+        eng.close()
+    with pytest.raises(UnsupportedPlacement, match="no CPU MoE kernel"):
+        _load(monkeypatch, "glm4moe-f16.gguf", overrides=build_overrides(cpu_moe=True))
 
 
 def test_bench_sweeps_n_cpu_moe_and_writes_llama_bench_fields():

@@ -321,18 +321,19 @@ class GpuBackend:
     def fused_moe(self, spec, cfg, lw, h):
         """The MoE FFN as MUL_MAT_ID (kernels_gpu.moe): routing on the device and the selected experts read in place,
         no host synchronization for a decode batch (so MoE layers stay inside the decode CUDA graph). Experts kept
-        in host memory (-ot, --n-cpu-moe) run through self.host_experts (backends/host_experts.py). None where the
-        experts are of a float type (no id kernels: blocks.moe_ffn then runs op by op)."""
+        in host memory (-ot, --n-cpu-moe) run through self.host_experts (backends/host_experts.py), whatever the
+        routing. None where the experts are of a float type (no id kernels) or the routing is not plain softmax
+        (blocks.moe_ffn then runs op by op, routed on the host)."""
         from kernels_gpu import moe  # noqa: PLC0415
 
         from hybrid.backends.host_experts import has_host_experts  # noqa: PLC0415
         from hybrid.model.arch.moe import fused_moe_ok  # noqa: PLC0415
 
-        if not fused_moe_ok(spec, cfg, lw):  # the device routing is plain softmax only
-            return None
         ws = [lw[n] for n in _MOE_TENSORS]
         if isinstance(ws[0].raw, self._cupy.ndarray) and has_host_experts(lw):
-            return self.host_experts(spec, cfg, lw, h)  # the router here, the experts in RAM
+            return self.host_experts(spec, cfg, lw, h)  # the router here, the experts in RAM (any routing)
+        if not fused_moe_ok(spec, cfg, lw):  # the device routing is plain softmax only
+            return None
         if not all(isinstance(w.raw, self._cupy.ndarray) for w in ws):
             return None
         if not all(moe.supported(w.type_name) for w in ws[1:]):

@@ -23,8 +23,9 @@ from kernels_cpu import moe as cpu_moe_kernels
 from kernels_cpu.activations import GELU_F16_TABLE
 
 from hybrid.backends.cpu_fused import _GLU_OP
-from hybrid.backends.cpu_moe import _EMPTY, _experts, moe_fusable
+from hybrid.backends.cpu_moe import _EMPTY, _biases, _experts, moe_fusable
 from hybrid.errors import UnsupportedPlacement
+from hybrid.model.arch.moe import moe_layer
 from hybrid.model.weights import Weight
 from hybrid.plan.placement import HOST_STAGING_SLOTS, staging_slot_bytes
 
@@ -45,14 +46,11 @@ def has_host_experts(lw: dict[str, Weight]) -> bool:
 
 
 def check_host_experts(spec, cfg, lw: dict[str, Weight]) -> None:
-    """UnsupportedPlacement unless this GPU layer's routed experts can stay in RAM: plain softmax routing (what
-    the device's routing kernel does) and expert types of the CPU's compiled MoE kernel."""
-    from hybrid.model.arch.moe import fused_moe_ok  # noqa: PLC0415
-
-    if not fused_moe_ok(spec, cfg, lw):
-        raise UnsupportedPlacement(f"{cfg.arch}: routed experts in RAM beside a GPU layer need plain softmax "
-                                   f"routing and bias-free SwiGLU/GeGLU experts; this model's MoE runs only with "
-                                   f"whole layers (-ngl) for now")
+    """UnsupportedPlacement unless this GPU layer's routed experts can stay in RAM: expert types and a GLU of the
+    CPU's compiled MoE kernel (any routing: plain softmax on the device, the gated forms on the host)."""
+    if spec.ffn_act not in _GLU_OP:
+        raise UnsupportedPlacement(f"{cfg.arch}: routed experts in RAM need a GLU of the CPU's MoE kernel "
+                                   f"({', '.join(_GLU_OP)}), not {spec.ffn_act}")
     if not moe_fusable(spec, lw):
         w = lw["ffn_gate_exps"]
         raise UnsupportedPlacement(f"{w.name}: routed experts of type {w.type_name} have no CPU MoE kernel; keep them on "
@@ -83,9 +81,10 @@ class HostExpertStats:
 
 
 class _Pinned:
-    """Page-locked host buffers of one (layer, batch size): h, ids, weights in; the experts' sum out."""
+    """Page-locked host buffers of one (layer, batch size): h, ids, weights (or the router's logits) in; the
+    experts' sum out."""
 
-    def __init__(self, n_tok: int, n_embd: int, n_used: int) -> None:
+    def __init__(self, n_tok: int, n_embd: int, n_used: int, n_expert: int) -> None:
         import cupy  # noqa: PLC0415
 
         def buf(shape, dtype):
@@ -95,7 +94,8 @@ class _Pinned:
 
         self._mems = []
         for name, shape, dtype in (("h", (n_tok, n_embd), np.float32), ("ids", (n_tok, n_used), np.int32),
-                                   ("w", (n_tok, n_used), np.float32), ("out", (n_tok, n_embd), np.float32)):
+                                   ("w", (n_tok, n_used), np.float32), ("out", (n_tok, n_embd), np.float32),
+                                   ("logits", (n_tok, n_expert), np.float32)):
             mem, arr = buf(shape, dtype)
             self._mems.append(mem)
             setattr(self, name, arr)
@@ -142,15 +142,36 @@ class HostExperts:
         return self.min_batch or offload_min_batch(cfg.n_expert, cfg.n_expert_used)
 
     def __call__(self, spec, cfg, lw: dict[str, Weight], h):
-        """The MoE FFN of the normed h (n_tok, n_embd) f32 on the GPU -> (n_tok, n_embd) f32 on the GPU."""
+        """The MoE FFN of the normed h (n_tok, n_embd) f32 on the GPU -> (n_tok, n_embd) f32 on the GPU.
+
+        Plain softmax routing runs on the device (kernels_gpu.moe.route). The gated forms (sigmoid with a selection
+        bias, groups, a scale; gpt-oss's softmax of the selected and its biases) are routed on the host by
+        blocks.route_layer: inside the CPU's call for the batches whose experts the CPU runs (the router's logits
+        cross instead of ids and weights), before the upload for the big ones (those with bias-free experts; a
+        batch of biased experts stays on the CPU: the GPU's grouped GEMMs add no biases)."""
         from kernels_gpu import moe  # noqa: PLC0415
 
+        from hybrid.model.arch.moe import fused_moe_ok  # noqa: PLC0415
+
         h = self.gpu._dev(h)
-        ids, wts = moe.route(self.gpu.matmul(lw["ffn_gate_inp"], h), cfg.n_expert_used, spec.moe_norm_weights)
-        self.gpu.report_routing(lw, ids, wts)  # a routing trace's (GpuBackend.routing_observer), when one listens
+        logits = self.gpu.matmul(lw["ffn_gate_inp"], h)
         ws = [lw[n] for n in EXPERT_TENSORS]
         limit = self.threshold(cfg)
-        if limit is not None and h.shape[0] >= limit and all(moe.supported(w.type_name) for w in ws):
+        biased = any(f"{n}.bias" in lw for n in EXPERT_TENSORS)
+        big = (limit is not None and h.shape[0] >= limit and not biased
+               and all(moe.supported(w.type_name) for w in ws))
+        if fused_moe_ok(spec, cfg, lw):
+            ids, wts = moe.route(logits, cfg.n_expert_used, spec.moe_norm_weights)
+            self.gpu.report_routing(lw, ids, wts)  # a routing trace's (GpuBackend.routing_observer), when one listens
+        elif big:  # a prefill batch: routed on the host now (not inside a decode graph), ids and weights sent back
+            import cupy  # noqa: PLC0415
+
+            ids_h, wts_h = self._host_route(spec, cfg, lw)(cupy.asnumpy(logits))
+            ids, wts = cupy.asarray(ids_h.astype(np.int32)), cupy.asarray(wts_h.astype(np.float32))
+            self.gpu.report_routing(lw, ids, wts)
+        else:
+            return self._on_cpu(spec, cfg, lw, h, None, None, logits)
+        if big:
             return self._on_gpu(spec, h, ids, wts, ws)
         return self._on_cpu(spec, cfg, lw, h, ids, wts)
 
@@ -214,23 +235,33 @@ class HostExperts:
 
         return run
 
-    def _on_cpu(self, spec, cfg, lw, h, ids, wts):
-        """The CPU runs the experts: h, ids, wts to pinned memory, a host break, the sum back to the GPU."""
+    def _on_cpu(self, spec, cfg, lw, h, ids, wts, logits=None):
+        """The CPU runs the experts: h and the routing (ids and wts, or the router's logits to route on the host)
+        to pinned memory, a host break, the sum back to the GPU."""
         import cupy  # noqa: PLC0415
 
         n_tok, n_embd = h.shape
-        args = self._cpu_args(spec, lw)
+        args = self._cpu_args(spec, cfg, lw)
         key = (id(lw["ffn_gate_exps"]), n_tok)
         buf = self._pinned.get(key)
         if buf is None:
-            buf = self._pinned[key] = _Pinned(n_tok, n_embd, cfg.n_expert_used)
+            buf = self._pinned[key] = _Pinned(n_tok, n_embd, cfg.n_expert_used, cfg.n_expert)
         stream = cupy.cuda.get_current_stream()
         d2h = cupy.cuda.runtime.memcpyDeviceToHost
-        for src, dst in ((h, buf.h), (cupy.ascontiguousarray(ids), buf.ids), (cupy.ascontiguousarray(wts), buf.w)):
+        copies = [(h, buf.h)] + ([(cupy.ascontiguousarray(ids), buf.ids), (cupy.ascontiguousarray(wts), buf.w)]
+                                 if logits is None else [(cupy.ascontiguousarray(logits), buf.logits)])
+        for src, dst in copies:
             cupy.cuda.runtime.memcpyAsync(dst.ctypes.data, src.data.ptr, dst.nbytes, d2h, stream.ptr)
+        route = None if logits is None else self._host_route(spec, cfg, lw)
+        observer = self.gpu.routing_observer
 
         def experts() -> None:
             t0 = time.perf_counter()
+            if route is not None:
+                r_ids, r_w = route(buf.logits.copy())
+                buf.ids[...], buf.w[...] = r_ids, r_w
+                if observer is not None:
+                    observer.routed(moe_layer(lw), r_ids, r_w)
             buf.out[...] = args(buf.h, buf.ids, buf.w)
             s = self.stats
             s.cpu_seconds += time.perf_counter() - t0
@@ -243,21 +274,52 @@ class HostExperts:
                                       cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
         return out
 
-    def _cpu_args(self, spec, lw):
+    def _cpu_args(self, spec, cfg, lw):
         """fn(h, ids int32, weights) -> the experts' weighted sum, on the CPU, for this layer."""
+        return self._cached(lw, "experts", lambda: self._make_cpu_fn(spec, lw))
+
+    def _host_route(self, spec, cfg, lw):
+        """fn(logits host f32 (n, n_expert)) -> (ids, weights): blocks.route_layer with host copies of the layer's
+        routing tensors (the router's bias, exp_probs_b), made once (the first, eager run of a decode step)."""
+        return self._cached(lw, "route", lambda: self._make_route(spec, cfg, lw))
+
+    def _cached(self, lw, what: str, make):
         gate = lw["ffn_gate_exps"]
-        hit = self._layers.get(id(gate))
+        hit = self._layers.get((id(gate), what))
         if hit is None or hit[0] is not gate:
-            hit = self._layers[id(gate)] = (gate, self._make_cpu_fn(spec, lw))
+            hit = self._layers[(id(gate), what)] = (gate, make())
         return hit[1]
+
+    @staticmethod
+    def _make_route(spec, cfg, lw):
+        from hybrid.model.arch.blocks import route_layer  # noqa: PLC0415
+
+        host = {n: Weight(lw[n].name, lw[n].type_name, lw[n].shape, _host(lw[n].raw))
+                for n in ("ffn_gate_inp.bias", "exp_probs_b.bias") if n in lw}
+        return lambda logits: route_layer(spec, cfg, host, logits)
 
     @staticmethod
     def _make_cpu_fn(spec, lw):
         g, u, d = (_experts(lw[n]) for n in EXPERT_TENSORS)
         op = _GLU_OP[spec.ffn_act]
+        biases = tuple(_bias_rows(lw, f"{n}.bias") for n in EXPERT_TENSORS)
 
         def run(h: np.ndarray, ids: np.ndarray, w: np.ndarray) -> np.ndarray:
-            return cpu_moe_kernels.moe_experts(numba.get_num_threads(), h, ids.astype(np.int64), w, g, u, d,
-                                               _EMPTY, op, GELU_F16_TABLE)
+            return cpu_moe_kernels.moe_experts_biased(numba.get_num_threads(), h, ids.astype(np.int64),
+                                                      np.ascontiguousarray(w, dtype=np.float32), g, u, d, _EMPTY,
+                                                      op, GELU_F16_TABLE, *biases)
 
         return run
+
+
+def _host(raw) -> np.ndarray:
+    """A tensor's data on the host (a GPU layer's small routing tensors were uploaded with it)."""
+    return raw.get() if hasattr(raw, "get") and not isinstance(raw, np.ndarray) else np.asarray(raw)
+
+
+def _bias_rows(lw, name: str) -> np.ndarray:
+    """cpu_moe's per-expert bias rows (float32 (n_expert, n_out) read-only, or 0 rows), from the host."""
+    if name not in lw:
+        return _biases(lw, name)
+    w = lw[name]
+    return _biases({name: Weight(w.name, w.type_name, w.shape, _host(w.raw))}, name)
