@@ -155,10 +155,12 @@ def _k_runner(kind):
 _INT_FAMILIES = {
     "Q8_0": ({"Q4_0": vec_dot_legacy.Q4_0, "Q4_1": vec_dot_legacy.Q4_1, "Q5_0": vec_dot_legacy.Q5_0,
               "Q5_1": vec_dot_legacy.Q5_1, "Q8_0": vec_dot_legacy.Q8_0, "IQ4_NL": vec_dot_legacy.IQ4_NL,
-              "MXFP4": vec_dot_legacy.MXFP4, "Q4_0_X8": vec_dot_legacy.Q4_0_X8, "Q5_0_X8": vec_dot_legacy.Q5_0_X8},
+              "MXFP4": vec_dot_legacy.MXFP4, "Q4_0_X8": vec_dot_legacy.Q4_0_X8, "Q5_0_X8": vec_dot_legacy.Q5_0_X8,
+              "MXFP4_X8": vec_dot_legacy.MXFP4_X8},
              _legacy_dots),
     "Q8_K": ({"Q2_K": vec_dot_k.Q2_K, "Q3_K": vec_dot_k.Q3_K, "Q4_K": vec_dot_k.Q4_K, "Q5_K": vec_dot_k.Q5_K,
               "Q6_K": vec_dot_k.Q6_K, "IQ4_XS": vec_dot_k.IQ4_XS, "Q4_K_X8": vec_dot_k.Q4_K_X8,
+              "IQ4_XS_X8": vec_dot_k.IQ4_XS_X8,
               "IQ2_XXS": vec_dot_iq.IQ2_XXS, "IQ2_XS": vec_dot_iq.IQ2_XS, "IQ2_S": vec_dot_iq.IQ2_S,
               "IQ3_XXS": vec_dot_iq.IQ3_XXS, "IQ3_S": vec_dot_iq.IQ3_S, "IQ1_S": vec_dot_iq.IQ1_S,
               "IQ1_M": vec_dot_iq.IQ1_M}, _k_dots),
@@ -201,6 +203,8 @@ REPACKED: dict[str, CpuKernel] = {
     "Q4_0_X8": CpuKernel("Q4_0_X8", 32, 18, "Q8_0", _legacy_runner(_L.Q4_0_X8), row_group=8),
     "Q5_0_X8": CpuKernel("Q5_0_X8", 32, 22, "Q8_0", _legacy_runner(_L.Q5_0_X8), row_group=8),
     "Q4_K_X8": CpuKernel("Q4_K_X8", 256, 148, "Q8_K", _k_runner(_K.Q4_K_X8), row_group=8),
+    "MXFP4_X8": CpuKernel("MXFP4_X8", 32, 17, "Q8_0", _legacy_runner(_L.MXFP4_X8), row_group=8),
+    "IQ4_XS_X8": CpuKernel("IQ4_XS_X8", 256, 138, "Q8_K", _k_runner(_K.IQ4_XS_X8), row_group=8),
 }
 
 

@@ -59,22 +59,25 @@ def _kernels() -> tuple[Kernel, ...]:
         # integer dots, legacy types (Q8_0 activations)
         Kernel("kernels_cpu.legacy_x8", "dot8_q4_0_x8", (RAW_1, I64, I8_1, F32_1, I64, F32_1, I64)),
         Kernel("kernels_cpu.legacy_x8", "dot8_q5_0_x8", (RAW_1, I64, I8_1, F32_1, I64, F32_1, I64)),
+        Kernel("kernels_cpu.mxfp4_x8", "dot8_mxfp4_x8", (RAW_1, I64, I8_1, F32_1, I64, F32_1, I64)),
         *(Kernel("kernels_cpu.vec_dot_legacy", f"dot2_{t}", (RAW_1, I64, I64, I8_1, F32_1, I64)) for t in _LEGACY_DOT2),
         *(Kernel("kernels_cpu.vec_dot_legacy", f"dot2_{t}", (RAW_1, I64, I64, I8_1, F32_1, F32_1, I64))
           for t in _LEGACY_DOT2_MIN),
         Kernel("kernels_cpu.vec_dot_legacy", "rows_dot", _ROWS_LEGACY,
-               ("legacy_x8.dot8_q4_0_x8", "legacy_x8.dot8_q5_0_x8",
+               ("legacy_x8.dot8_q4_0_x8", "legacy_x8.dot8_q5_0_x8", "mxfp4_x8.dot8_mxfp4_x8",
                 *(f"vec_dot_legacy.dot2_{t}" for t in _LEGACY_DOT2 + _LEGACY_DOT2_MIN))),
         Kernel("kernels_cpu.vec_dot_legacy", "matmul_q8_0_act",
                (*_DRIVER, I8_2, F32_2, F32_2, F32_2, F32_2, F32_2, *_TASKS), ("vec_dot_legacy.rows_dot",)),
         Kernel("kernels_cpu.act_quant", "quantize_q8_1_rows", (F32_2, I8_2, F32_2, F32_2)),
         # integer dots, K-quants (Q8_K activations)
         Kernel("kernels_cpu.q4_k_x8", "dot8_q4_k_x8", (RAW_1, I64, I8_1, F32_1, I16_1, I64, F32_1, I64)),
+        Kernel("kernels_cpu.iq4_xs_x8", "dot8_iq4_xs_x8", (RAW_1, I64, I8_1, F32_1, I64, F32_1, I64)),
         *(Kernel("kernels_cpu.vec_dot_k", f"dot2_{t}", (RAW_1, I64, I64, I8_1, F32_1, I16_1, I64)) for t in _K_DOT2),
         *(Kernel("kernels_cpu.vec_dot_iq", f"dot2_{t}", (RAW_1, I64, I64, I8_1, F32_1, I16_1, I64)) for t in _IQ_DOT2),
         Kernel("kernels_cpu.vec_dot_iq", "rows_dot", _ROWS_K, tuple(f"vec_dot_iq.dot2_{t}" for t in _IQ_DOT2)),
         Kernel("kernels_cpu.vec_dot_k", "rows_dot", _ROWS_K,
-               ("q4_k_x8.dot8_q4_k_x8", *(f"vec_dot_k.dot2_{t}" for t in _K_DOT2), "vec_dot_iq.rows_dot")),
+               ("q4_k_x8.dot8_q4_k_x8", "iq4_xs_x8.dot8_iq4_xs_x8", *(f"vec_dot_k.dot2_{t}" for t in _K_DOT2),
+                "vec_dot_iq.rows_dot")),
         Kernel("kernels_cpu.vec_dot_k", "matmul_q8_k_act",
                (*_DRIVER, I8_2, F32_2, I16_2, F32_2, F32_2, F32_2, *_TASKS), ("vec_dot_k.rows_dot",)),
         Kernel("kernels_cpu.act_quant", "quantize_q8_k_rows", (F32_2, I8_2, F32_2, I16_2)),
@@ -119,6 +122,8 @@ def _kernels() -> tuple[Kernel, ...]:
         # the 8-row interleaved layouts made at load (hybrid/backends/repack.py)
         Kernel("kernels_cpu.legacy_x8", "_repack_groups", (RAW_1, I64, BOOL, U8_1)),
         Kernel("kernels_cpu.q4_k_x8", "_repack_groups", (RAW_1, I64, U8_1)),
+        Kernel("kernels_cpu.mxfp4_x8", "_repack_groups", (RAW_1, I64, U8_1)),
+        Kernel("kernels_cpu.iq4_xs_x8", "_repack_groups", (RAW_1, I64, U8_1)),
     ]
     return tuple(k)
 
@@ -144,7 +149,8 @@ INT_DOTS = {"Q8_0": ("act_quant.quantize_q8_1_rows", "vec_dot_legacy.matmul_q8_0
             "Q8_K": ("act_quant.quantize_q8_k_rows", "vec_dot_k.matmul_q8_k_act")}
 RMS_NORM = "norm.rms_norm_rows"
 ROPE_TABLES = "rope._rope_tables"
-REPACK = {"Q4_0": "legacy_x8._repack_groups", "Q5_0": "legacy_x8._repack_groups", "Q4_K": "q4_k_x8._repack_groups"}
+REPACK = {"Q4_0": "legacy_x8._repack_groups", "Q5_0": "legacy_x8._repack_groups", "Q4_K": "q4_k_x8._repack_groups",
+          "MXFP4": "mxfp4_x8._repack_groups", "IQ4_XS": "iq4_xs_x8._repack_groups"}
 
 
 def closure(keys: Iterable[str]) -> tuple[Kernel, ...]:

@@ -12,8 +12,9 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from kernels_cpu.simd import (F32x8, I8x32, I16x16, _F32x8, _I8, _I16, _I32, _I64, _V8x32, _V16x16, _V32x8, ir_intp,
-                              ir_ptr, ir_shuffle, ir_splat, is_bytes_array)
+from kernels_cpu.simd import (FORCE_GENERIC, F32x8, I8x32, I16x16, I32x8, _F32x8, _I8, _I16, _I32, _I64, _V8x32,
+                              _V16x16, _V32x8, _features, ir_call, ir_const_vec, ir_intp, ir_ptr, ir_shuffle, ir_splat,
+                              is_bytes_array)
 
 
 @intrinsic
@@ -48,19 +49,26 @@ def gather_i8x8x4(typingctx, a, off, stride):
     return I8x32(a, off, stride), codegen
 
 
-@intrinsic
-def scales4_u8(typingctx, a, off):
-    """The 4 unsigned bytes a[off:off + 4] as int16 lanes, each 4 times: lanes 4r..4r + 3 = byte r, the scale of
-    row r against the 4 lanes maddubs leaves per row of an interleaved register."""
-    if not (is_bytes_array(a) and isinstance(off, types.Integer)):
-        return None
+def _scales4(signed):
+    @intrinsic
+    def scales4(typingctx, a, off):
+        if not (is_bytes_array(a) and isinstance(off, types.Integer)):
+            return None
 
-    def codegen(context, builder, sig, args):
-        v4 = ir.VectorType(_I8, 4)
-        p = ir_ptr(context, builder, sig.args[0], args[0], ir_intp(context, builder, sig.args[1], args[1]), v4)
-        b = builder.load(p, align=1)
-        return builder.zext(ir_shuffle(builder, b, b, [r // 4 for r in range(16)]), _V16x16)
-    return I16x16(a, off), codegen
+        def codegen(context, builder, sig, args):
+            v4 = ir.VectorType(_I8, 4)
+            p = ir_ptr(context, builder, sig.args[0], args[0], ir_intp(context, builder, sig.args[1], args[1]), v4)
+            b = builder.load(p, align=1)
+            b16 = ir_shuffle(builder, b, b, [r // 4 for r in range(16)])
+            return builder.sext(b16, _V16x16) if signed else builder.zext(b16, _V16x16)
+        return I16x16(a, off), codegen
+    return scales4
+
+
+# The 4 bytes a[off:off + 4] as int16 lanes, each 4 times: lanes 4r..4r + 3 = byte r, the scale of row r against
+# the 4 lanes maddubs leaves per row of an interleaved register; unsigned (Q4_K's) or signed (IQ4_XS's ls - 32).
+scales4_u8 = _scales4(False)
+scales4_i8 = _scales4(True)
 
 
 @intrinsic
@@ -92,6 +100,49 @@ def bsum_pair(typingctx, bsums, off):
         v = ir_splat(builder, _V32x8, builder.bitcast(s, _I32))
         return builder.bitcast(v, _V16x16)
     return I16x16(bsums, off), codegen
+
+
+@intrinsic
+def load_e8m0_half_x8(typingctx, a, off):
+    """The 8 E8M0 bytes a[off:off + 8] as float32 lanes of ggml_e8m0_to_fp32_half (2**(e - 128), exact: e < 2 the
+    subnormals 0x00200000 << e, else the bits (e - 1) << 23): 8 MXFP4 rows' block scales."""
+    if not (is_bytes_array(a) and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v8 = ir.VectorType(_I8, 8)
+        p = ir_ptr(context, builder, sig.args[0], args[0], ir_intp(context, builder, sig.args[1], args[1]), v8)
+        e = builder.zext(builder.load(p, align=1), _V32x8)
+
+        def c(v):
+            return ir_const_vec(_V32x8, [v] * 8)
+        normal = builder.shl(builder.sub(e, c(1)), c(23))
+        sub = builder.shl(c(0x00200000), builder.and_(e, c(1)))  # e & 1 == e where taken
+        bits = builder.select(builder.icmp_unsigned("<", e, c(2)), sub, normal)
+        return builder.bitcast(bits, _F32x8)
+    return F32x8(a, off), codegen
+
+
+@intrinsic
+def load_nib8x2(typingctx, a, off, stride):
+    """The 8 bytes at a[off:] and the 8 at a[off + stride:] as 32 nibbles: lanes 0-15 their low nibbles, 16-31 their
+    high ones (load_nib16's order: one row's block_mxfp4 codes out of 2 interleaved runs)."""
+    if not (is_bytes_array(a) and isinstance(off, types.Integer) and isinstance(stride, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        off = ir_intp(context, builder, sig.args[1], args[1])
+        second = builder.add(off, ir_intp(context, builder, sig.args[2], args[2]))
+        v = ir.Constant(ir.VectorType(_I64, 2), ir.Undefined)
+        for k, o in enumerate((off, second)):
+            x = builder.load(ir_ptr(context, builder, sig.args[0], args[0], o, _I64), align=1)
+            v = builder.insert_element(v, x, ir.Constant(_I32, k))
+        v16 = ir.VectorType(_I8, 16)
+        v = builder.bitcast(v, v16)
+        lo = builder.and_(v, ir_const_vec(v16, [15] * 16))
+        hi = builder.lshr(v, ir_const_vec(v16, [4] * 16))
+        return ir_shuffle(builder, lo, hi, range(32))
+    return I8x32(a, off, stride), codegen
 
 
 @intrinsic
@@ -136,4 +187,77 @@ def pairsum_sub_f32(typingctx, lo, hi, m):
         odd = ir_shuffle(builder, lo, hi, [1, 3, 5, 7, 9, 11, 13, 15])
         return builder.fsub(builder.fadd(even, odd), m)
     return F32x8(lo, hi, m), codegen
+
+
+
+# -- VNNI (vpdpbusd): 4 unsigned x signed byte products summed into an int32 lane, exactly ------------------------
+def _vnni(context) -> bool:
+    f = _features(context)
+    return ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f) and not FORCE_GENERIC[0]
+
+
+@intrinsic
+def has_vnni(typingctx):
+    """Whether the target has vpdpbusd on 256-bit registers (AVX-VNNI, or AVX-512 VNNI with VL): a compile-time
+    constant, so a branch on it leaves one path in the machine code."""
+    def codegen(context, builder, sig, args):
+        return ir.Constant(ir.IntType(1), int(_vnni(context)))
+    return types.boolean(), codegen
+
+
+@intrinsic
+def dpbusd(typingctx, acc, u, s):
+    """acc + int32 lanes k = sum_{j<4} u[4k + j] * s[4k + j] (u unsigned, s signed bytes; exact, no saturation).
+    vpdpbusd where has_vnni(); elsewhere the same sums through wider integers (correct, slow: callers branch)."""
+    if not (acc == I32x8 and u == I8x32 and s == I8x32):
+        return None
+
+    def codegen(context, builder, sig, args):
+        acc, u, s = args
+        if _vnni(context):
+            return ir_call(builder, "llvm.x86.avx512.vpdpbusd.256", _V32x8,
+                           [acc, builder.bitcast(u, _V32x8), builder.bitcast(s, _V32x8)])
+        w32 = ir.VectorType(_I32, 32)
+        p = builder.mul(builder.zext(u, w32), builder.sext(s, w32))
+        for j in range(4):
+            acc = builder.add(acc, ir_shuffle(builder, p, p, range(j, 32, 4)))
+        return acc
+    return I32x8(acc, u, s), codegen
+
+
+@intrinsic
+def scales4x2_i8(typingctx, a, off):
+    """The 4 signed bytes a[off:off + 4] as int32 lanes, each twice: lanes 2r, 2r + 1 = byte r, the scale of row r
+    against the 2 int32 lanes dpbusd leaves per row of an interleaved register."""
+    if not (is_bytes_array(a) and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v4 = ir.VectorType(_I8, 4)
+        p = ir_ptr(context, builder, sig.args[0], args[0], ir_intp(context, builder, sig.args[1], args[1]), v4)
+        b = builder.load(p, align=1)
+        return builder.sext(ir_shuffle(builder, b, b, [r // 2 for r in range(8)]), _V32x8)
+    return I32x8(a, off), codegen
+
+
+@intrinsic
+def mul_i32(typingctx, a, b):
+    """a * b, int32 lanes (vpmulld; callers keep it exact)."""
+    if not (a == I32x8 and b == I32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.mul(args[0], args[1])
+    return I32x8(a, b), codegen
+
+
+@intrinsic
+def sub_i32(typingctx, a, b):
+    """a - b, int32 lanes."""
+    if not (a == I32x8 and b == I32x8):
+        return None
+
+    def codegen(context, builder, sig, args):
+        return builder.sub(args[0], args[1])
+    return I32x8(a, b), codegen
 

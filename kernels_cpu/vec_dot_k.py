@@ -17,7 +17,7 @@ Weight offsets are linear byte offsets into the C-contiguous (n_out, row_bytes) 
 import numpy as np
 from numba import njit, prange
 
-from kernels_cpu import q4_k_x8, vec_dot_iq
+from kernels_cpu import iq4_xs_x8, q4_k_x8, vec_dot_iq
 from kernels_cpu.q4_k_x8 import scale_min_k4
 from kernels_cpu.sched import next_task
 from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32, load_i16x16, load_nib16, load_u32,
@@ -33,6 +33,7 @@ PREFETCH_BYTES = 4096
 Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS = 0, 1, 2, 3, 4, 5  # type codes (one compiled driver for all of them)
 Q4_K_X8 = 6  # Q4_K rows interleaved by 8 (kernels_cpu.q4_k_x8): calls cover whole groups of 8 rows
 TYPE_SIZE = np.array([84, 110, 144, 176, 210, 136, 148], dtype=np.int64)
+IQ4_XS_X8 = 14  # IQ4_XS rows interleaved by 8 (kernels_cpu.iq4_xs_x8), after vec_dot_iq's kinds 7..13
 
 
 # -- scales -----------------------------------------------------------------------------------------------------
@@ -340,6 +341,9 @@ def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, bsums, y, nb):
     if kind == Q4_K_X8:  # r0, r1: multiples of 8
         for r in range(r0, r1, 8):
             q4_k_x8.dot8_q4_k_x8(w, r * row_bytes, xq, xd, bsums, nb, y, r)
+    elif kind == IQ4_XS_X8:
+        for r in range(r0, r1, 8):
+            iq4_xs_x8.dot8_iq4_xs_x8(w, r * row_bytes, xq, xd, nb, y, r)
     elif kind == Q4_K:
         for r in range(r0, r1, 2):
             rb = row_bytes if r + 1 < r1 else 0
@@ -431,6 +435,12 @@ def decode_row_f32(kind, w, wo, nb, out, oo):
     if kind == Q4_K_X8:
         q4_k_x8.decode_row_f32(w, wo, nb, out, oo)
         return
+    if kind == IQ4_XS_X8:  # the row's original blocks, then their decoder
+        row = np.empty(nb * 136, dtype=np.uint8)
+        iq4_xs_x8.unpack_row(w, wo, nb, row)
+        for i in range(nb):
+            _decode_iq4_xs(row, i * 136, out, oo + i * QK_K)
+        return
     if kind >= vec_dot_iq.FIRST_KIND:
         vec_dot_iq.decode_row_f32(kind, w, wo, nb, out, oo)
         return
@@ -464,8 +474,13 @@ def decode_row_f32(kind, w, wo, nb, out, oo):
                 store_scaled(out, ob + 32 * g, codes_q6_k(w, o, g), d * np.float32(scale_q6_k(w, o, 2 * g)),
                              np.float32(0.0), d * np.float32(scale_q6_k(w, o, 2 * g + 1)), np.float32(0.0))
         else:
-            o = wo + i * 136
-            d = load_f16(w, o)
-            for g in range(8):
-                a = d * np.float32(scale_iq4_xs(w, o, g))
-                store_scaled(out, ob + 32 * g, codes_iq4_xs(w, o, g), a, np.float32(0.0), a, np.float32(0.0))
+            _decode_iq4_xs(w, wo + i * 136, out, ob)
+
+
+@njit(inline="always", fastmath=True)
+def _decode_iq4_xs(w, o, out, ob):
+    """The block_iq4_xs at byte o -> float32 out[ob:ob + 256]."""
+    d = load_f16(w, o)
+    for g in range(8):
+        a = d * np.float32(scale_iq4_xs(w, o, g))
+        store_scaled(out, ob + 32 * g, codes_iq4_xs(w, o, g), a, np.float32(0.0), a, np.float32(0.0))

@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from gguf_io.quants_legacy import e8m0_to_fp32_half
-from kernels_cpu import legacy_x8
+from kernels_cpu import legacy_x8, mxfp4_x8
 from kernels_cpu.sched import next_task
 from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_bits32, load_f16, load_i8x32, load_nib16, prefetch,
                               store_scaled, zero_f32)
@@ -27,7 +27,8 @@ PREFETCH_BYTES = 2048
 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 0, 1, 2, 3, 4, 5  # type codes (one compiled driver for all of them)
 Q4_0_X8, Q5_0_X8 = 6, 7  # rows interleaved by 8 (kernels_cpu.legacy_x8): calls cover whole groups of 8 rows
 MXFP4 = 8
-TYPE_SIZE = np.array([18, 20, 22, 24, 34, 18, 18, 22, 17], dtype=np.int64)
+MXFP4_X8 = 9  # MXFP4 rows interleaved by 8 (kernels_cpu.mxfp4_x8)
+TYPE_SIZE = np.array([18, 20, 22, 24, 34, 18, 18, 22, 17, 17], dtype=np.int64)
 
 # kvalues_iq4nl (ggml-common.h): the 16 non-linear levels of IQ4_NL / IQ4_XS, as bytes for the lookup.
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
@@ -228,6 +229,9 @@ def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, xs, y, nb):
     elif kind == Q4_0_X8:
         for r in range(r0, r1, 8):
             legacy_x8.dot8_q4_0_x8(w, r * row_bytes, xq, xd, nb, y, r)
+    elif kind == MXFP4_X8:
+        for r in range(r0, r1, 8):
+            mxfp4_x8.dot8_mxfp4_x8(w, r * row_bytes, xq, xd, nb, y, r)
     elif kind == Q4_0:
         for r in range(r0, r1, 2):
             rb = row_bytes if r + 1 < r1 else 0
@@ -283,7 +287,7 @@ def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, xs, y, nb):
 def _signed(kind):
     """Whether a type's codes are signed (no min term): Q4_0, Q5_0, Q8_0, IQ4_NL and the interleaved ones."""
     return (kind == Q4_0 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL or kind == Q4_0_X8 or kind == Q5_0_X8
-            or kind == MXFP4)
+            or kind == MXFP4 or kind == MXFP4_X8)
 
 
 @njit(cache=True, parallel=True, fastmath=True)
@@ -334,6 +338,8 @@ def decode_row_f32(kind, w, wo, nb, out, oo):
         row = np.empty(nb * TYPE_SIZE[kind], dtype=np.uint8)
         legacy_x8.unpack_row(w, wo, nb, kind == Q5_0_X8, row)
         _decode_plain(Q5_0 if kind == Q5_0_X8 else Q4_0, row, 0, nb, out, oo)
+    elif kind == MXFP4_X8:
+        mxfp4_x8.decode_row_f32(w, wo, nb, out, oo)
     else:
         _decode_plain(kind, w, wo, nb, out, oo)
 

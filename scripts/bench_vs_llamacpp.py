@@ -6,6 +6,9 @@ each runs in a process of its own.
 
     pip install llama-cpp-python   # builds llama.cpp from source (a few minutes); or --llamacpp-path DIR
     python3 scripts/bench_vs_llamacpp.py [-m MODEL] [-p 512] [-n 128] [-t 1,2] [-r 10] [-ctk f16]
+    python3 scripts/bench_vs_llamacpp.py --llama-bench build/bin/llama-bench -m MODEL -p 0 -n 64 -r 3
+
+With --llama-bench, llama.cpp's own llama-bench binary (-fa 1, same tests) measures llama.cpp instead.
 
 Prints a markdown table: t/s mean ± sd for each, and ours / llama.cpp. The demo model is the default.
 """
@@ -75,6 +78,19 @@ def llamacpp_isolated(llamacpp_path: str | None, *args) -> dict:
         return pool.submit(llamacpp_runs, *args).result()
 
 
+def llama_bench_runs(binary: str, model: str, n_prompt: int, n_gen: int, threads: int, reps: int,
+                     type_kv: str) -> dict:
+    """The same samples from llama.cpp's llama-bench binary (flash attention on, as ours; its own warm-up)."""
+    cmd = [binary, "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-t", str(threads), "-r", str(reps),
+           "-fa", "1", "-ctk", type_kv, "-ctv", type_kv, "-o", "json"]
+    rows = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
+    out = {"pp": [], "tg": []}
+    for r in rows:
+        if r["n_prompt"] or r["n_gen"]:
+            out["pp" if r["n_prompt"] else "tg"] = r["samples_ts"]
+    return out
+
+
 def ours(model: str, n_prompt: int, n_gen: int, threads: int, reps: int, type_kv: str) -> dict:
     cmd = [sys.executable, "-m", "hybrid", "bench", "-m", model, "-p", str(n_prompt), "-n", str(n_gen), "-t",
            str(threads), "-r", str(reps), "-ctk", type_kv, "-ctv", type_kv, "-o", "json"]
@@ -100,24 +116,35 @@ def main() -> None:
     ap.add_argument("-r", type=int, default=10)
     ap.add_argument("-ctk", default="f16", choices=["f16", "q8_0", "q4_0"])
     ap.add_argument("--llamacpp-path", help="a folder holding the llama_cpp package (pip install --target DIR)")
+    ap.add_argument("--llama-bench", metavar="PATH", help="measure llama.cpp with this llama-bench binary instead "
+                    "of llama-cpp-python")
     a = ap.parse_args()
-    if a.llamacpp_path:
-        sys.path.insert(0, a.llamacpp_path)
-    try:
-        import llama_cpp  # noqa: F401, PLC0415
-    except ImportError:
-        sys.exit("llama-cpp-python is not installed: pip install llama-cpp-python (or --llamacpp-path DIR)")
     from hybrid.model.files import demo_model_path  # noqa: PLC0415
 
     model = a.model or str(demo_model_path())
-    print(f"model {model}, -ctk/-ctv {a.ctk}, {a.r} repetitions, llama.cpp {llama_cpp.__version__}", flush=True)
+    if a.llama_bench:
+        version = subprocess.run([a.llama_bench, "--version"], capture_output=True, text=True).stderr.strip()
+        version = version.splitlines()[0] if version else a.llama_bench
+    else:
+        if a.llamacpp_path:
+            sys.path.insert(0, a.llamacpp_path)
+        try:
+            import llama_cpp  # noqa: PLC0415
+        except ImportError:
+            sys.exit("llama-cpp-python is not installed: pip install llama-cpp-python (or --llamacpp-path DIR, "
+                     "or --llama-bench PATH)")
+        version = llama_cpp.__version__
+    print(f"model {model}, -ctk/-ctv {a.ctk}, {a.r} repetitions, llama.cpp {version}", flush=True)
     print("| threads | test | hybrid t/s | llama.cpp t/s | hybrid / llama.cpp |")
     print("|---|---|---|---|---|")
     for t in (int(x) for x in a.t.split(",")):
         for kind, n_p, n_g in (("pp", a.p, 0), ("tg", 0, a.n)):
             if not (n_p or n_g):
                 continue
-            theirs = llamacpp_isolated(a.llamacpp_path, model, n_p, n_g, t, a.r, a.ctk)[kind]
+            if a.llama_bench:
+                theirs = llama_bench_runs(a.llama_bench, model, n_p, n_g, t, a.r, a.ctk)[kind]
+            else:
+                theirs = llamacpp_isolated(a.llamacpp_path, model, n_p, n_g, t, a.r, a.ctk)[kind]
             mine = ours(model, n_p, n_g, t, a.r, a.ctk)[kind]
             ratio = statistics.mean(mine) / statistics.mean(theirs) if mine and theirs else float("nan")
             print(f"| {t} | {kind}{n_p or n_g} | {fmt(mine)} | {fmt(theirs)} | {ratio:.2f} |", flush=True)

@@ -3,6 +3,8 @@
 
     python3 scripts/make_model.py OUT.gguf --arch llama --preset llama-8b [--seed 1] [--vocab PATH] [--type Q4_K_M]
     python3 scripts/make_model.py OUT.gguf --arch qwen3moe --preset tiny --n-layer 4 --dry-run
+    python3 scripts/make_model.py OUT.gguf --arch gpt-oss --preset gpt-oss-20b --type MXFP4_MOE --dry-run
+    python3 scripts/make_model.py OUT.gguf --arch glm4moe --preset glm-4.5-air --type IQ4_XS --dry-run
 
 Needs numpy only (no `gguf` package). See hybrid/tools/synth/.
 """
@@ -23,7 +25,7 @@ from hybrid.tools.synth.qtypes import MIXES  # noqa: E402
 from gguf_io.config import SUPPORTED_ARCHITECTURES  # noqa: E402
 
 _OVERRIDES = ("n_layer", "n_embd", "n_head", "n_head_kv", "n_ff", "n_vocab", "head_dim", "n_expert",
-              "n_expert_used", "n_ff_exp", "n_ctx_train", "n_swa")
+              "n_expert_used", "n_ff_exp", "n_ctx_train", "n_swa", "n_expert_shared", "n_layer_dense_lead", "n_rot")
 
 
 def _args(argv):
@@ -41,7 +43,7 @@ def _args(argv):
     for f in _OVERRIDES:
         ap.add_argument("--" + f.replace("_", "-"), type=int, dest=f)
     ap.add_argument("--rope-freq-base", type=float)
-    ap.add_argument("--router-skew", type=float, help="qwen3moe: a skewed router, the experts' share of tokens "
+    ap.add_argument("--router-skew", type=float, help="MoE archs: a skewed router, the experts' share of tokens "
                     "Zipf-like with this exponent, different per layer (e.g. 1.0; default 0: even)")
     ap.add_argument("--tied", action=argparse.BooleanOptionalAction, default=None,
                     help="no output.weight: the LM head is token_embd (default: the preset's / gemma3)")

@@ -1,9 +1,10 @@
 """CPU weight repacking, as llama.cpp's CPU_REPACK buffers (`--no-repack` keeps the file's layout): the Q4_0,
-Q5_0 and Q4_K matrices of the layers the CPU runs are copied once, at load, into 8-row interleaved groups
-(kernels_cpu.legacy_x8, kernels_cpu.q4_k_x8), which its integer dots read at a lower cost per byte. The copy
-replaces the mapping's pages: each matrix's pages are released (MADV_DONTNEED) as soon as it is copied, so the
-resident memory grows by at most the layout's extra bytes (Q4_K: 4 bytes a block, 2.8%; Q4_0/Q5_0: none), not
-by the matrices. Bytes a matrix shares with its neighbours' pages stay mapped.
+Q5_0, Q4_K, MXFP4 and IQ4_XS matrices of the layers the CPU runs are copied once, at load, into 8-row interleaved
+groups (kernels_cpu.legacy_x8, q4_k_x8, mxfp4_x8, iq4_xs_x8), which its integer dots read at a lower cost per byte.
+The copy replaces the mapping's pages: each matrix's pages are released (MADV_DONTNEED) as soon as it is copied, so
+the resident memory grows by at most the layout's extra bytes (Q4_K: 4 bytes a block, 2.8%; IQ4_XS: 2 bytes a
+block, 1.5%; Q4_0/Q5_0/MXFP4: none), not by the matrices. Bytes a matrix shares with its neighbours' pages stay
+mapped.
 
 Matrices and MoE expert tensors (each expert's matrix on its own) are repacked; not an output tied to the token
 embeddings (the embedding lookup reads its rows), and nothing when op offload streams the CPU layers' weights to
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels_cpu import legacy_x8, q4_k_x8
+from kernels_cpu import iq4_xs_x8, legacy_x8, mxfp4_x8, q4_k_x8
+from kernels_cpu.signatures import REPACK as _COMPILED_REPACKS
 
 from hybrid.system.memlock import release_pages
 from hybrid.model.weights import ModelWeights, Weight
@@ -27,6 +29,8 @@ LAYOUTS = {
     "Q4_0": ("Q4_0_X8", legacy_x8.repackable, legacy_x8.repack_q4_0),
     "Q5_0": ("Q5_0_X8", legacy_x8.repackable, legacy_x8.repack_q5_0),
     "Q4_K": ("Q4_K_X8", q4_k_x8.repackable, q4_k_x8.repack),
+    "MXFP4": ("MXFP4_X8", mxfp4_x8.repackable, mxfp4_x8.repack),
+    "IQ4_XS": ("IQ4_XS_X8", iq4_xs_x8.repackable, iq4_xs_x8.repack),
 }
 
 
@@ -63,7 +67,10 @@ def repack_weights(weights: ModelWeights, layers: Iterable[int], output: bool) -
 def repacked_type(w: Weight) -> str | None:
     """The layout `repack_weights` gives w (a name in kernels_cpu.matmul.REPACKED), or None where it keeps w."""
     layout = LAYOUTS.get(w.type_name)
-    if layout is None or not isinstance(w.raw, np.ndarray) or w.raw.ndim not in (2, 3):
+    # only the types whose repack kernel the ahead-of-time compile list names (backends/cpu_kernels.py looks it up
+    # in kernels_cpu.signatures.REPACK for every matrix this function repacks)
+    if (layout is None or w.type_name not in _COMPILED_REPACKS or not isinstance(w.raw, np.ndarray)
+            or w.raw.ndim not in (2, 3)):
         return None
     name, repackable, _ = layout
     return name if repackable(w.shape[-2:]) else None

@@ -49,7 +49,7 @@ def _q4_k_m(arch: str, shape, kind: str, il: int, ne0: int) -> str:
         new = "Q8_0"
     elif kind == "attn_output" and shape.n_expert == 8:
         new = "Q5_K"
-    elif kind in ("ffn_down", "ffn_down_exps") and use_more_bits(il, n_layer):
+    elif kind in ("ffn_down", "ffn_down_exps", "ffn_down_shexp") and use_more_bits(il, n_layer):
         new = "Q6_K"
     return new
 
@@ -58,7 +58,7 @@ def tensor_type(arch: str, shape, qtype_mix: str, kind: str, il: int, ne: tuple[
     """The GGML type of tensor `kind` ("attn_v", "attn_norm", ...) of layer `il` (-1: none) with ggml shape `ne`."""
     if qtype_mix not in MIXES:
         raise ValueError(f"unknown type mix {qtype_mix!r}; choose one of {', '.join(MIXES)}")
-    if len(ne) == 1 or kind == "ffn_gate_inp":
+    if len(ne) == 1 or kind == "ffn_gate_inp" or kind.endswith(".bias"):  # gpt-oss's expert biases are 2-D
         return "F32"
     if qtype_mix == "Q4_K_M":
         return fit_row(_q4_k_m(arch, shape, kind, il, ne[0]), ne[0])
