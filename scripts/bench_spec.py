@@ -32,7 +32,10 @@ PARAGRAPH = """Repeat the paragraph exactly.
 
 Paragraph: The old mill stood at the edge of the village for two hundred years. Every spring the river rose and \
 turned its wheel faster, and the miller's family worked through the night to grind the grain that farmers brought \
-from the hills. When the railway came, the mill fell silent, but the villagers kept its doors painted blue.
+from the hills. When the railway came, the mill fell silent, but the villagers kept its doors painted blue. Children \
+still dared each other to touch the great wheel, and on summer evenings the old men sat on its steps and argued \
+about the weather, the price of wool and the names of the stars. In the hard winter of the flood, the water reached \
+the second floor, and the whole village carried sacks of sand to the riverbank until the morning came.
 
 Repeated: The old mill stood at the edge of the village"""
 FREE = "The history of the lighthouse keepers on the northern coast is a story of"

@@ -2,7 +2,8 @@
 
 NgramDrafter is prompt lookup (llama.cpp's `--spec-type ngram`): the last n tokens are looked up earlier in the
 sequence (prompt and generated) and the tokens that followed their most recent occurrence are proposed.
-ModelDrafter (draft_model.py) asks a smaller model with the same vocabulary (`-md`).
+ModelDrafter (draft_model.py) asks a smaller model with the same vocabulary (`-md`); a drafter with state may also
+have `prefill(tokens)`, which generate_speculative calls with the prompt during the prompt's evaluation.
 """
 
 from __future__ import annotations

@@ -87,6 +87,12 @@ class ModelDrafter:
         self.around_eval = around_eval
         self.evals = 0  # draft model evaluations (the sync batch and one per drafted token but the last)
 
+    def prefill(self, tokens: list[int]) -> None:
+        """Evaluate a prompt into the draft cache ahead of the first draft (during the target's prompt), so that the
+        first draft evaluates only the token that follows it."""
+        if tokens:
+            self._with_threads(self._sync, list(tokens))
+
     def propose(self, tokens: list[int], n_max: int) -> list[int]:
         if n_max < 1 or not tokens:
             return []
@@ -94,12 +100,17 @@ class ModelDrafter:
         n_max = min(n_max, room)
         if n_max < 1:
             return []
-        if self.around_eval is None:
-            return self._draft(tokens, n_max)
-        with self.around_eval():
-            return self._draft(tokens, n_max)
+        return self._with_threads(self._draft, tokens, n_max)
 
-    def _draft(self, tokens: list[int], n_max: int) -> list[int]:
+    def _with_threads(self, fn, *args):
+        if self.around_eval is None:
+            return fn(*args)
+        with self.around_eval():
+            return fn(*args)
+
+    def _sync(self, tokens: list[int]):
+        """Keep the longest cached prefix of tokens (all but the last at most), evaluate the rest in -b batches:
+        the logits of tokens' last one."""
         common = 0
         for a, b in zip(tokens, self.cached):
             if a != b:
@@ -114,6 +125,10 @@ class ModelDrafter:
             logits = self.engine.eval(tokens[s : s + batch], self.cache)
             self.evals += 1
         self.cached = list(tokens)
+        return logits
+
+    def _draft(self, tokens: list[int], n_max: int) -> list[int]:
+        logits = self._sync(tokens)
         draft: list[int] = []
         while True:
             t, p = _top1(logits, self.n_vocab)

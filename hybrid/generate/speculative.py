@@ -34,6 +34,9 @@ from hybrid.kv.cache import KVCache
 PROBE_EVERY = 32  # while speculation does not pay: one draft of draft_min tokens in this many steps at least...
 PROBE_BUDGET = 0.01  # ...and in as many more as keep the probes' extra cost within this share of the plain steps
 LEARN_MAX = 4  # the first draft (the one that measures a check's cost) is at most this long
+# a draft must promise this much more speed than a plain step: the acceptance is estimated from few tokens, and
+# where drafting only breaks even (a check costing half a step, half the drafts accepted) the noise made it lose
+PAY_MARGIN = 1.05
 DECAY = 0.9  # weight of the past in the running acceptance and cost estimates
 
 
@@ -62,7 +65,7 @@ class DraftLength:
         if self.slope is None:  # the cost of a check unknown: draft to learn it
             return max([k for k in self.lengths if k <= LEARN_MAX] or self.lengths[:1])
         a = min(self.alpha, 0.999)
-        best_k, best = 0, 1.0 / self.t1
+        best_k, best = 0, PAY_MARGIN / self.t1
         for k in self.lengths:
             rate = (1.0 - a ** (k + 1)) / (1.0 - a) / (self.t1 + self.slope * k)
             if rate > best:
@@ -164,7 +167,11 @@ def generate_speculative(engine: Engine, prompt: list[int], sampling: SamplingPa
         length = None
     t0 = time.perf_counter()
     engine.prepare_checks(cache, length.lengths if length is not None else [draft_max])
-    timings.prompt_ms += 1000 * (time.perf_counter() - t0)  # once per cache shape: the checks' graphs captured
+    prefill = getattr(drafter, "prefill", None)  # a draft model reads the prompt now, not at the first draft
+    if prefill is not None and n_predict != 0:
+        prefill([*prefix, *prompt])
+    # counted as the prompt's: the checks' graphs captured (once per cache shape), the draft model's prompt
+    timings.prompt_ms += 1000 * (time.perf_counter() - t0)
     produced = 0
     pending: int | None = None  # a token already drawn at verification (the mismatch or the bonus)
     while n_predict < 0 or produced < n_predict:
