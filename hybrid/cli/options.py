@@ -195,7 +195,7 @@ NoMmapOpt = Annotated[bool, typer.Option("--no-mmap", help="Read the model into 
 NoRepackOpt = Annotated[
     bool,
     typer.Option("-nr", "--no-repack",
-                 help="Keep the CPU layers' Q4_0, Q5_0 and Q4_K weights as in the file (by default they are copied "
+                 help="Keep the CPU layers' Q4_0, Q5_0, Q4_K, IQ4_XS and MXFP4 weights as in the file (by default they are copied "
                       "at load into 8-row groups the CPU reads faster, as llama.cpp repacks; the file's pages are "
                       "given back). Op offload (a GPU with layers left on the CPU) keeps the file's layout anyway."),
 ]
