@@ -258,7 +258,6 @@ class Speculator:
     stats: SpecStats = field(default_factory=SpecStats)
     length: DraftLength | None = None
 
-
     def generate(self, engine: Engine, prompt: list[int], sampling: SamplingParams, n_predict: int,
                  cache: KVCache, timings: Timings | None = None, prefix: Sequence[int] = (),
                  stats: SpecStats | None = None) -> Iterator[int]:
