@@ -80,14 +80,18 @@ def _record(eng: Engine, tokens) -> list[tuple[dict, np.ndarray]]:
     return seen
 
 
-@pytest.fixture(scope="module", params=FIXTURES)
-def fixture_model(request, fixtures_dir):
-    """(name, engine, recorded (lw, h) of a 128-token prompt) of a fixture model."""
-    name = request.param
+def _recorded(fixtures_dir, name: str):
+    """(name, engine, recorded (lw, h) of a 128-token prompt) of a fixture model; close the engine after."""
     eng = Engine.load(fixtures_dir / "arch" / f"{name}.gguf", EngineParams(n_ctx=128, n_batch=128, n_ubatch=128))
     tokens = np.load(fixtures_dir / "arch" / f"{name}.GPL-3.npz")["tokens"][0]
-    yield name, eng, _record(eng, tokens)
-    eng.close()
+    return name, eng, _record(eng, tokens)
+
+
+@pytest.fixture(scope="module", params=FIXTURES)
+def fixture_model(request, fixtures_dir):
+    recorded = _recorded(fixtures_dir, request.param)
+    yield recorded
+    recorded[1].close()
 
 
 def test_route_on_fixture_router_logits(fixture_model):
@@ -183,11 +187,9 @@ GATED = ("gpt-oss-mxfp4", "gpt-oss-q4_k_m", "glm4moe-q4_k_m", "deepseek2-q4_k_m"
 
 @pytest.fixture(scope="module", params=GATED)
 def gated_model(request, fixtures_dir):
-    name = request.param
-    eng = Engine.load(fixtures_dir / "arch" / f"{name}.gguf", EngineParams(n_ctx=128, n_batch=128, n_ubatch=128))
-    tokens = np.load(fixtures_dir / "arch" / f"{name}.GPL-3.npz")["tokens"][0]
-    yield name, eng, _record(eng, tokens)
-    eng.close()
+    recorded = _recorded(fixtures_dir, request.param)
+    yield recorded
+    recorded[1].close()
 
 
 @pytest.mark.parametrize("n_tok", [1, 3, 64, 128])

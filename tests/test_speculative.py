@@ -9,6 +9,7 @@ from hybrid.engine import Engine, EngineParams
 from hybrid.generate.draft import NgramDrafter
 from hybrid.generate.loop import generate
 from hybrid.generate.sampling import SamplingParams
+from hybrid.tools.bench_spec import CODE_PROMPT
 from hybrid.generate.speculative import (LEARN_MAX, PROBE_BUDGET, PROBE_EVERY, DraftLength, SpecStats,
                                          generate_speculative)
 
@@ -16,20 +17,7 @@ GREEDY = SamplingParams(temp=0.0)
 N_GEN = 48
 TIE = 1e-3  # top-2 logits closer than this: batch-shape float differences may flip the argmax
 
-REPETITIVE = '''class Point:
-    def __init__(self, x, y, z, w):
-        self._x = x
-        self._y = y
-        self._z = z
-        self._w = w
-
-    def get_x(self):
-        return self._x
-
-    def get_y(self):
-        return self._y
-
-    def get_'''
+REPETITIVE = CODE_PROMPT  # a class whose getters follow one pattern, continued after `def get_`
 
 
 # -- the drafter, on hand-made sequences --------------------------------------------------------------------------
