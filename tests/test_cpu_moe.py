@@ -127,6 +127,17 @@ def test_fused_moe_equals_op_by_op(fixture_model, n_tok):
         assert big_groups, "no expert group went through the GEMM"  # the hot experts of the skewed model
 
 
+def _assert_fused_evals_equal(eng: Engine, steps: list[list[int]]) -> None:
+    """The same evals (on one cache each way) with the fused forms and op by op give equal logits, bit for bit."""
+    out = {}
+    for fused in (True, False):
+        eng.cpu.fused = fused
+        cache = eng.new_cache()
+        out[fused] = [np.asarray(eng.eval(tokens, cache)) for tokens in steps]
+    for step, (a, b) in enumerate(zip(out[True], out[False])):
+        assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"
+
+
 @pytest.mark.parametrize("repack", [True, False])
 def test_engine_fused_equals_op_by_op(fixtures_dir, repack):
     """A prompt of 128 (GEMM groups) and of 12 tokens, then decode steps, through the whole model."""
@@ -137,13 +148,7 @@ def test_engine_fused_equals_op_by_op(fixtures_dir, repack):
     halves = []  # the FFN halves of the layers that took moe_ffn_half (decode-sized batches)
     real = eng.cpu._moe.ffn_half
     eng.cpu._moe.ffn_half = lambda *args: halves.append(real(*args)) or halves[-1]
-    out = {}
-    for fused in (True, False):
-        eng.cpu.fused = fused
-        cache = eng.new_cache()
-        out[fused] = [np.asarray(eng.eval(tokens, cache)) for tokens in steps]
-    for step, (a, b) in enumerate(zip(out[True], out[False])):
-        assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"
+    _assert_fused_evals_equal(eng, steps)
     n_half = sum(h is not None for h in halves)
     assert n_half == (len(steps) - 1) * eng.config.n_layer and len(halves) == len(steps) * eng.config.n_layer
     eng.close()
@@ -212,11 +217,5 @@ def test_gated_engine_fused_equals_op_by_op(fixtures_dir, name):
     """A 70-token prompt (GEMM groups where an expert takes 64 tokens), a 5-token one and decode steps."""
     eng = Engine.load(fixtures_dir / "arch" / f"{name}.gguf", EngineParams(n_ctx=128))
     steps = [list(range(3, 73)), [5], [6], list(range(40, 45)), [9]]
-    out = {}
-    for fused in (True, False):
-        eng.cpu.fused = fused
-        cache = eng.new_cache()
-        out[fused] = [np.asarray(eng.eval(tokens, cache)) for tokens in steps]
-    for step, (a, b) in enumerate(zip(out[True], out[False])):
-        assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"
+    _assert_fused_evals_equal(eng, steps)
     eng.close()

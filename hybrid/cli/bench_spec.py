@@ -10,12 +10,13 @@ import typer
 
 from hybrid.engine.params import EngineParams
 from hybrid.generate.draft import NgramDrafter
-from hybrid.generate.draft_model import ModelDrafter, check_vocab
+from hybrid.generate.draft_model import ModelDrafter
 from hybrid.generate.speculative import Speculator
 from hybrid.tools.bench import BenchTest, run_bench
 from hybrid.tools.bench_spec import CODE_PROMPT, SpecBenchResult, run_spec_bench
 
 from hybrid.cli.session import read_text_file
+from hybrid.cli.spec_options import load_draft
 
 KINDS = ("none", "ngram", "draft")
 
@@ -76,9 +77,7 @@ class SpecSweep:
     def _draft_engine(self, engine, load: Callable):
         if self._draft is None:
             params: EngineParams = replace(engine.params, n_gpu_layers=self.ngl_draft, overrides=())
-            self._draft, _ = load(self.model_draft, params, warn_ctx=False)
-            check_vocab(engine.tokenizer, self._draft.tokenizer)
-            self._draft.warmup()
+            self._draft = load_draft(self.model_draft, params, engine, lambda m, p: load(m, p, warn_ctx=False))
         return self._draft
 
 

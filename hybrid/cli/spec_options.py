@@ -140,6 +140,19 @@ def _threads_around(n: int) -> Callable:
     return around
 
 
+def load_draft(model: str, params: EngineParams, target, load: Callable):
+    """The draft model's engine for target: loaded by load(model, params) with the target's context size, its
+    vocabulary checked against the target's (VocabMismatch, one line, the draft engine closed), warmed up."""
+    draft, _ = load(model, replace(params, n_ctx=target.params.n_ctx))
+    try:
+        check_vocab(target.tokenizer, draft.tokenizer)
+    except BaseException:
+        draft.close()
+        raise
+    draft.warmup()
+    return draft
+
+
 def make_speculator(spec: SpecOptions, engine, params: EngineParams, load: Callable) -> Speculator | None:
     """The Speculator the flags ask for (None: off). load(model, params) -> (engine, load_ms) loads a draft model;
     its vocabulary is checked against the target's (VocabMismatch, one line, when it differs)."""
@@ -150,13 +163,7 @@ def make_speculator(spec: SpecOptions, engine, params: EngineParams, load: Calla
         drafter = NgramDrafter(spec.spec_ngram_n, spec.draft_max, spec.draft_min)
     else:
         dparams = draft_params(spec, params)
-        draft_engine, _ = load(spec.model_draft, replace(dparams, n_ctx=engine.params.n_ctx))
-        try:
-            check_vocab(engine.tokenizer, draft_engine.tokenizer)
-        except BaseException:
-            draft_engine.close()
-            raise
-        draft_engine.warmup()
+        draft_engine = load_draft(spec.model_draft, dparams, engine, load)
         around = _threads_around(dparams.n_threads) if spec.threads_draft > 0 else None
         drafter = ModelDrafter(draft_engine, engine.config.n_vocab, spec.draft_p_min, around_eval=around)
     return Speculator(drafter, spec.draft_max, spec.draft_min)
