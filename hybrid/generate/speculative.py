@@ -1,6 +1,6 @@
 """Speculative decoding for one request: a drafter guesses tokens, the target verifies them in one batch.
 
-Verification follows llama.cpp (`common_sampler_sample_and_accept_n`, MOE_SERVE_SPEC.md §3): the target evaluates
+Verification follows llama.cpp (`common_sampler_sample_and_accept_n`): the target evaluates
 [last, d1..dk] with logits at every position, samples each position with the full sampler chain, accepts while the
 sample equals the draft, emits its own sample at the first mismatch, and a bonus token when all k match. Each emitted
 token costs exactly one draw and enters the penalty history only once emitted, so the output has the target's

@@ -1,4 +1,4 @@
-"""Per-layer slot pools of a GPU expert cache and their online policies (docs/MOE_CACHE.md; MOE_SERVE_SPEC §1).
+"""Per-layer slot pools of a GPU expert cache and their online policies (docs/MOE_CACHE.md).
 
 `SlotPool` holds, for each MoE layer, n_slots slots and the table lookup[layer, expert] -> slot or -1. One
 `access(ids)` is one step (a decode token) of the layers given: the hits are one vectorized lookup; then the
