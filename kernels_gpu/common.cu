@@ -49,3 +49,12 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
+// act(gate) * up of a GLU: act 0 silu, 1 gelu (tanh approximation, ggml_gelu), 2 gpt-oss's clamped SwiGLU
+// (ggml_compute_forward_swiglu_oai: x = min(gate, 7), x / (1 + exp(-1.702 x)) * (clamp(up, -7, 7) + 1))
+__device__ __forceinline__ float glu_act(float g, float u, int act) {
+    if (act == 0) return g / (1.0f + expf(-g)) * u;
+    if (act == 1) return 0.5f * g * (1.0f + tanhf(0.79788456080286535587989211986876f * g * (1.0f + 0.044715f * g * g))) * u;
+    const float x = fminf(g, 7.0f), y = fminf(fmaxf(u, -7.0f), 7.0f);
+    return x / (1.0f + expf(-1.702f * x)) * (y + 1.0f);
+}

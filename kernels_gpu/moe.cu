@@ -71,6 +71,118 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_softma
     }
 }
 
+// Gated routers (llama.cpp's build_moe_ffn beyond plain softmax), one CTA of MOE_ROUTE_THREADS a token. z = the
+// logits (+ the router's bias rbias, gpt-oss); p = softmax(z) (gating 0), sigmoid(z) (1) or z itself (2: gpt-oss,
+// whose weights are the softmax of the k selected logits); experts selected by p + sbias (exp_probs_b, selection
+// only) within the best n_group_used of n_groups groups when n_groups > 1 (a group scores the sum of its two best),
+// the top k (ties: the lower expert, as moe_route_softmax); weights p of the selected (gating 2: their softmax),
+// renormalized to sum 1 when norm (the sum clamped at 2^-14), times scale. rbias, sbias may be null.
+#define MOE_MAX_GROUPS 64
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_gated(
+    const float* __restrict__ logits, const float* __restrict__ rbias, const float* __restrict__ sbias, int n_expert,
+    int k, int gating, int norm, float scale, int n_groups, int n_group_used, i32* __restrict__ ids,
+    float* __restrict__ wts) {
+    __shared__ float p[MOE_MAX_EXPERTS];
+    __shared__ float v[MOE_MAX_EXPERTS];  // the selection scores
+    __shared__ float red[MOE_ROUTE_THREADS / 32];
+    __shared__ float sel[MOE_MAX_K];
+    __shared__ float gscore[MOE_MAX_GROUPS];
+    __shared__ int gkeep[MOE_MAX_GROUPS];
+    const int t = blockIdx.x, tid = threadIdx.x;
+    const float* l = logits + (size_t)t * n_expert;
+    float m = NEG_INF;
+    for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) {
+        const float z = rbias ? l[i] + rbias[i] : l[i];
+        p[i] = z;
+        m = fmaxf(m, z);
+    }
+    if (tid < k) {  // in bounds whatever happens below (NaN logits rank no expert)
+        ids[(size_t)t * k + tid] = 0;
+        sel[tid] = 0.0f;
+    }
+    if (gating == 0) {
+        m = block_reduce(m, red, true);  // its barrier also publishes p
+        float s = 0.0f;
+        for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) s += expf(p[i] - m);
+        s = block_reduce(s, red, false);
+        for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) p[i] = expf(p[i] - m) / s;
+    } else if (gating == 1) {
+        for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) p[i] = 1.0f / (1.0f + expf(-p[i]));
+    }
+    for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) v[i] = sbias ? p[i] + sbias[i] : p[i];
+    __syncthreads();
+    if (n_groups > 1) {
+        const int gsize = n_expert / n_groups;
+        for (int g = tid; g < n_groups; g += MOE_ROUTE_THREADS) {
+            float b1 = NEG_INF, b2 = NEG_INF;
+            for (int i = g * gsize; i < (g + 1) * gsize; ++i) {
+                const float x = v[i];
+                if (x > b1) {
+                    b2 = b1;
+                    b1 = x;
+                } else if (x > b2) {
+                    b2 = x;
+                }
+            }
+            gscore[g] = gsize > 1 ? b1 + b2 : b1;
+        }
+        __syncthreads();
+        for (int g = tid; g < n_groups; g += MOE_ROUTE_THREADS) {
+            int rank = 0;
+            for (int j = 0; j < n_groups; ++j) rank += (gscore[j] > gscore[g]) || (gscore[j] == gscore[g] && j < g);
+            gkeep[g] = rank < n_group_used;
+        }
+        __syncthreads();
+        for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS)
+            if (!gkeep[i / gsize]) v[i] = NEG_INF;
+        __syncthreads();
+    }
+    for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) {
+        const float x = v[i];
+        int rank = 0;
+        for (int j = 0; j < n_expert; ++j) {
+            const float y = v[j];
+            rank += (y > x) || (y == x && j < i);
+        }
+        if (rank < k) {
+            ids[(size_t)t * k + rank] = i;
+            sel[rank] = p[i];
+        }
+    }
+    __syncthreads();
+    float w = 0.0f;
+    if (tid < k) {
+        w = sel[tid];
+        if (gating == 2) {
+            float mx = NEG_INF, z = 0.0f;
+            for (int j = 0; j < k; ++j) mx = fmaxf(mx, sel[j]);
+            for (int j = 0; j < k; ++j) z += expf(sel[j] - mx);
+            w = expf(w - mx) / z;
+        }
+    }
+    __syncthreads();
+    if (tid < k) sel[tid] = w;
+    __syncthreads();
+    if (tid < k) {
+        if (norm) {
+            float total = 0.0f;
+            for (int j = 0; j < k; ++j) total += sel[j];
+            w /= fmaxf(total, 6.103515625e-5f);
+        }
+        wts[(size_t)t * k + tid] = w * scale;
+    }
+}
+
+// y[r, c] += bias[e[r], c] for rows r < n_rows of y (n_rows, n) where e[r] >= 0 (an expert's bias row; -1: a padding
+// row of a prefill's groups, left as it is). One thread an element.
+extern "C" __global__ void moe_add_bias(float* __restrict__ y, const float* __restrict__ bias, const i32* __restrict__ e,
+                                        int n_rows, int n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)n_rows * n) return;
+    const int r = (int)(i / n), x = e[r];
+    if (x >= 0) y[i] += bias[(size_t)x * n + (int)(i % n)];
+}
+
 // out[t, c] = sum over j < k of wts[t, j] * y[row(t, j), c], row(t, j) = rows[t k + j] (the row of that slot in the
 // experts' outputs) or t k + j where rows is null; in slot order. One thread an output value.
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const i32* __restrict__ rows,
@@ -98,21 +210,14 @@ extern "C" __global__ void moe_gather_f16(const float* __restrict__ x, const i32
     out[i] = s < 0 ? (u16)0 : f2h(x[(size_t)s * n + c]);
 }
 
-// a = act(gate) * up (glu_f32's formula: act 0 silu, 1 gelu), quantized as quantize_q8_1 (matvec_q8.cu) in the same
+// a = glu_act(gate, up, act) (act 0 silu, 1 gelu, 2 swiglu_oai), quantized as quantize_q8_1 (matvec_q8.cu) in the same
 // kernel: the down projection's q8 input. n % 32 == 0: a warp is one q8 block, in or out as a whole.
 extern "C" __global__ void __launch_bounds__(256) moe_glu_q8(const float* __restrict__ gate, const float* __restrict__ up,
                                                             int act, i8* __restrict__ xq, float4* __restrict__ xm,
                                                             int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float g = gate[i];
-    float a;
-    if (act == 0) {
-        a = g / (1.0f + expf(-g));
-    } else {
-        a = 0.5f * g * (1.0f + tanhf(0.79788456080286535587989211986876f * g * (1.0f + 0.044715f * g * g)));
-    }
-    a *= up[i];
+    const float a = glu_act(gate[i], up[i], act);
     const float amax = warp_max(fabsf(a));
     const float d = amax / 127.0f;
     const int q = amax == 0.0f ? 0 : __float2int_rn(a / d);

@@ -1,10 +1,13 @@
 """The MoE FFN on the GPU as llama.cpp's MUL_MAT_ID: routing on the device, the selected experts read in place.
 
-`moe_ffn(h, router, gate, up, down, n_used, norm, act)`: h cupy float32 (n_tok, n_embd), the normed input; router a
+`moe_ffn(h, router, gate, up, down, routing, act)`: h cupy float32 (n_tok, n_embd), the normed input; router a
 2-D weight, gate/up/down the 3-D expert tensors (raw uint8 (n_expert, n_out, row_bytes) on the device), each as
-(raw, GGML type). Returns (n_tok, n_embd) float32, the experts' outputs summed with their routing weights.
+(raw, GGML type); routing a `Router` (plain softmax, or the gated forms: sigmoid, a selection bias, groups, a scale,
+gpt-oss's softmax of the selected with the router's bias); biases, optionally, the experts' bias rows (gpt-oss).
+Returns (n_tok, n_embd) float32, the experts' outputs summed with their routing weights.
 
-Decode (n_tok <= MATVEC_MAX_TOKENS): the router matvec, `moe_route_softmax` (top-k and weights, one warp a token),
+Decode (n_tok <= MATVEC_MAX_TOKENS): the router matvec, `moe_route_softmax` or `moe_route_gated` (top-k and weights,
+one CTA a token),
 one launch for gate and up over every (token, selected expert) slot (`matvec_q8id_*` on 8-bit activations for the
 Q8_MATVEC types, `matvec_id_*` on float activations for the others), the GLU, one launch for down on each slot's
 own GLU output, and `moe_combine`: no host synchronization, so a decode step stays one CUDA graph.
@@ -18,6 +21,8 @@ back with its weights.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .matmul import (GEMM_CHUNK_ELEMENTS, GPU_KERNELS, MATVEC_MAX_TOKENS, MV_WARPS, Q6S_NB, Q6S_WARPS, Q8_KERNEL,
@@ -27,7 +32,9 @@ from .ops import GLU_ACTS, glu
 
 MOE_MAX_EXPERTS = 1024  # moe_route_softmax's shared-memory table (MOE_MAX_EXPERTS in moe.cu)
 MOE_MAX_K = 64  # experts a token at most (MOE_MAX_K in moe.cu)
-MOE_ROUTE_THREADS = 128  # threads a token in moe_route_softmax
+MOE_MAX_GROUPS = 64  # expert groups at most (MOE_MAX_GROUPS in moe.cu)
+MOE_ROUTE_THREADS = 128  # threads a token in moe_route_softmax / moe_route_gated
+GATINGS = {"softmax": 0, "sigmoid": 1, "softmax_weight": 2}  # moe_route_gated's gating codes
 SHORT_PASSES = 2  # rows a lane in the short-row q8 id kernel (R of matvec_q8id_short_*)
 PAD_FREE_ROWS = 32  # prefill: expert groups padded up to this many rows whatever the padding (see _groups)
 
@@ -38,22 +45,89 @@ def supported(type_name: str) -> bool:
     return k is not None and not k.is_float
 
 
+@dataclass(frozen=True)
+class Router:
+    """How a layer picks and weighs its experts on the device (hybrid.model.arch.moe.Routing's fields, with the
+    router's bias and the selection bias exp_probs_b as device float32 (n_expert,) arrays or None)."""
+
+    n_used: int
+    norm: bool  # the selected weights renormalized to sum 1
+    gating: str = "softmax"  # a key of GATINGS ("softmax_weight": top k of the logits, weights their softmax)
+    scale: float = 1.0
+    n_groups: int = 1  # > 1: the top n_group_used groups first (a group scores the sum of its two best)
+    n_group_used: int = 0
+    bias: object = None  # added to the logits (gpt-oss)
+    sel_bias: object = None  # added to the probabilities for the selection only
+
+    @property
+    def plain(self) -> bool:
+        """Plain softmax top-k (moe_route_softmax)."""
+        return (self.gating == "softmax" and self.scale == 1.0 and self.n_groups <= 1 and self.bias is None
+                and self.sel_bias is None)
+
+    def why_not(self, n_expert: int) -> str:
+        """"" when the device kernels route this for n_expert experts, else why not."""
+        if not (0 < self.n_used <= n_expert <= MOE_MAX_EXPERTS and self.n_used <= MOE_MAX_K):
+            return (f"need 0 < n_used <= {MOE_MAX_K}, n_used <= n_expert <= {MOE_MAX_EXPERTS}, found {self.n_used}, "
+                    f"{n_expert}")
+        if self.gating not in GATINGS:
+            return f"unknown gating {self.gating!r}"
+        if self.n_groups > 1 and (self.n_groups > MOE_MAX_GROUPS or n_expert % self.n_groups
+                                  or not 0 < self.n_group_used <= self.n_groups):
+            return (f"{self.n_groups} groups ({self.n_group_used} used) of {n_expert} experts: need at most "
+                    f"{MOE_MAX_GROUPS} groups of equal size")
+        return ""
+
+
 def route(logits, n_used: int, norm: bool):
     """logits cupy float32 (n_tok, n_expert) -> (ids int32 (n_tok, n_used), weights float32 (n_tok, n_used)):
     softmax, the top n_used (ties: the lower expert), renormalized to sum 1 when `norm` (as blocks.route)."""
+    return route_with(logits, Router(n_used, norm))
+
+
+def route_with(logits, r: Router):
+    """logits cupy float32 (n_tok, n_expert) -> (ids int32 (n_tok, k), weights float32 (n_tok, k)) as r says:
+    moe_route_softmax for plain softmax, moe_route_gated for the rest (as hybrid.model.arch.moe.route_gated)."""
     import cupy  # noqa: PLC0415
 
     n_tok, n_expert = logits.shape
-    if not (0 < n_used <= n_expert <= MOE_MAX_EXPERTS and n_used <= MOE_MAX_K):
-        raise ValueError(f"moe route: need 0 < n_used <= {MOE_MAX_K}, n_used <= n_expert <= {MOE_MAX_EXPERTS}, "
-                         f"found {n_used}, {n_expert}")
-    ids = cupy.empty((n_tok, n_used), dtype=cupy.int32)
-    wts = cupy.empty((n_tok, n_used), dtype=cupy.float32)
-    if n_tok:
-        fn = get_kernel("moe", "moe_route_softmax")
-        fn((n_tok,), (MOE_ROUTE_THREADS,), (cupy.ascontiguousarray(logits), np.int32(n_expert), np.int32(n_used),
-                                            np.int32(bool(norm)), ids, wts))
+    why = r.why_not(n_expert)
+    if why:
+        raise ValueError(f"moe route: {why}")
+    ids = cupy.empty((n_tok, r.n_used), dtype=cupy.int32)
+    wts = cupy.empty((n_tok, r.n_used), dtype=cupy.float32)
+    if not n_tok:
+        return ids, wts
+    logits = cupy.ascontiguousarray(logits)
+    i32 = np.int32
+    if r.plain:
+        get_kernel("moe", "moe_route_softmax")((n_tok,), (MOE_ROUTE_THREADS,), (logits, i32(n_expert), i32(r.n_used),
+                                                                                i32(bool(r.norm)), ids, wts))
+        return ids, wts
+    null = np.uint64(0)
+    bias, sel = (null if b is None else _f32_vector(b, n_expert) for b in (r.bias, r.sel_bias))
+    get_kernel("moe", "moe_route_gated")((n_tok,), (MOE_ROUTE_THREADS,), (
+        logits, bias, sel, i32(n_expert), i32(r.n_used), i32(GATINGS[r.gating]), i32(bool(r.norm)),
+        np.float32(r.scale), i32(max(1, r.n_groups)), i32(r.n_group_used), ids, wts))
     return ids, wts
+
+
+def _f32_vector(b, n: int):
+    if b.dtype != np.float32 or b.size != n or not b.flags.c_contiguous:
+        raise ValueError(f"moe route: a bias must be {n} contiguous float32 values, found {b.dtype} {b.shape}")
+    return b
+
+
+def add_bias(y, bias, experts) -> None:
+    """y (n_rows, n) f32 += bias[experts[r]] per row (bias (n_expert, n) f32; experts int32 (n_rows,), -1 leaves a
+    row as it is), in place."""
+    n_rows, n = y.shape
+    if bias.shape[1:] != (n,) or bias.dtype != np.float32:
+        raise ValueError(f"moe bias: expected float32 rows of {n}, found {bias.dtype} {bias.shape}")
+    total = n_rows * n
+    if total:
+        get_kernel("moe", "moe_add_bias")(((total + 255) // 256,), (256,), (y, bias, experts, np.int32(n_rows),
+                                                                              np.int32(n)))
 
 
 def combine(y, wts, n_tok: int, rows=None):
@@ -132,17 +206,23 @@ def id_matvec(ws: list, type_name: str, x, ids, x_div: int, q8_act=None) -> list
     return ys
 
 
-def _decode(h, ids, wts, gate, up, down, act: str):
+def _decode(h, ids, wts, gate, up, down, act: str, biases: tuple = (None, None, None)):
     n_tok, n_used = ids.shape
     flat = ids.reshape(-1)
+    bg, bu, bd = biases
     if gate[1] == up[1] and gate[0].shape == up[0].shape:
         g, u = id_matvec([gate[0], up[0]], gate[1], h, flat, n_used)
     else:
         (g,), (u,) = (id_matvec([w[0]], w[1], h, flat, n_used) for w in (gate, up))
+    for y, b in ((g, bg), (u, bu)):
+        if b is not None:
+            add_bias(y, b, flat)
     if down[1] in Q8_MATVEC:  # the GLU and the q8 quantization of its output in one kernel
         (d,) = id_matvec([down[0]], down[1], None, flat, 1, q8_act=_glu_q8(g, u, act))
     else:
         (d,) = id_matvec([down[0]], down[1], glu(g, u, act), flat, 1)
+    if bd is not None:
+        add_bias(d, bd, flat)
     return combine(d, wts, n_tok)
 
 
@@ -301,11 +381,12 @@ def _grouped(x16, runs: list, n_rows: int, shape: tuple[int, int], dequant) -> o
     return y
 
 
-def prefill(h, ids, wts, shapes: tuple, dequants: tuple, act: str, prefetch=None):
+def prefill(h, ids, wts, shapes: tuple, dequants: tuple, act: str, prefetch=None, biases: tuple = (None, None, None)):
     """The experts of routed tokens (ids, wts from route) for a batch: shapes the (n_out, n_in) of gate, up and
     down, dequants their dequantizers (resident_experts, or one that uploads experts from host memory first),
     called for gate's runs, then up's, then down's, each in `runs` order; prefetch(runs), when given, hears the
-    runs [(first expert, end expert, rows, first row)] before any dequantizer is called."""
+    runs [(first expert, end expert, rows, first row)] before any dequantizer is called; biases, optionally, each
+    projection's bias rows (n_expert, n_out) f32 on the device, added to its rows."""
     import cupy  # noqa: PLC0415
 
     n_tok = h.shape[0]
@@ -314,32 +395,50 @@ def prefill(h, ids, wts, shapes: tuple, dequants: tuple, act: str, prefetch=None
     if prefetch is not None:
         prefetch(runs)
     n_rows = src.shape[0]
-    maps = cupy.asarray(np.concatenate([src, dest]))
+    biased = any(b is not None for b in biases)
+    maps = cupy.asarray(np.concatenate([src, dest] + ([_row_experts(runs, n_rows)] if biased else [])))
     x16 = _gather_f16(h, maps[:n_rows])  # (n_rows, n_embd)
+    row_e = maps[n_rows + dest.shape[0]:]
     g = _grouped(x16, runs, n_rows, shapes[0], dequants[0])
     u = _grouped(x16, runs, n_rows, shapes[1], dequants[1])
-    a16 = glu(g, u, act).astype(cupy.float16)  # padding rows are glu(0, 0) = 0
+    for y, b in zip((g, u), biases):
+        if b is not None:
+            add_bias(y, b, row_e)
+    a16 = glu(g, u, act).astype(cupy.float16)  # padding rows are never read back (combine takes dest's rows)
     del g, u, x16
     d = _grouped(a16, runs, n_rows, shapes[2], dequants[2])  # (n_rows, n_embd)
-    return combine(d, wts, n_tok, rows=maps[n_rows:])
+    if biases[2] is not None:
+        add_bias(d, biases[2], row_e)
+    return combine(d, wts, n_tok, rows=maps[n_rows:n_rows + dest.shape[0]])
 
 
-def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, n_used: int, norm: bool, act: str,
-            on_route=None):
-    """The MoE FFN of h (see the module docstring); every weight a (raw on the device, GGML type) pair. on_route,
-    when given, is called with the routing (ids int32, weights float32, both cupy (n_tok, n_used)) before the
-    experts run (a routing trace: it may copy them to the host)."""
+def _row_experts(runs: list, n_rows: int) -> np.ndarray:
+    """The expert of every row of the grouped layout (padding rows of a group count as its expert's), int32."""
+    e = np.full(n_rows, -1, dtype=np.int32)
+    for e0, e1, m, row in runs:
+        e[row:row + (e1 - e0) * m] = np.repeat(np.arange(e0, e1, dtype=np.int32), m)
+    return e
+
+
+def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, routing: Router, act: str, on_route=None,
+            biases: tuple = (None, None, None)):
+    """The MoE FFN of h (see the module docstring); every weight a (raw on the device, GGML type) pair, biases the
+    experts' bias rows of gate, up and down (float32 (n_expert, n_out) on the device) or None. on_route, when
+    given, is called with the routing (ids int32, weights float32, both cupy (n_tok, n_used)) before the experts
+    run (a routing trace: it may copy them to the host)."""
     import cupy  # noqa: PLC0415
 
     h = cupy.ascontiguousarray(h, dtype=cupy.float32)
     for w in (gate, up, down):
         if not supported(w[1]):
             raise ValueError(f"no MoE kernels for expert tensors of {w[1]}")
+    if act not in GLU_ACTS:
+        raise ValueError(f"no MoE GLU {act!r}: expected one of {', '.join(GLU_ACTS)}")
     logits = matmul(router[0], router[1], h)  # (n_tok, n_expert)
-    ids, wts = route(logits, n_used, norm)
+    ids, wts = route_with(logits, routing)
     if on_route is not None:
         on_route(ids, wts)
     if h.shape[0] <= MATVEC_MAX_TOKENS:
-        return _decode(h, ids, wts, gate, up, down, act)
+        return _decode(h, ids, wts, gate, up, down, act, biases)
     shapes = tuple(_expert_dims(*w)[1:3] for w in (gate, up, down))
-    return prefill(h, ids, wts, shapes, tuple(resident_experts(*w) for w in (gate, up, down)), act)
+    return prefill(h, ids, wts, shapes, tuple(resident_experts(*w) for w in (gate, up, down)), act, biases=biases)

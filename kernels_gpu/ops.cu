@@ -87,19 +87,11 @@ extern "C" __global__ void rope_f32(float* x, const i32* __restrict__ pos, int n
     xr[i1] = x0 * sn + x1 * cs;
 }
 
-// out = act(gate) * up; act 0 = silu, 1 = gelu (tanh approximation, ggml_gelu)
+// out = act(gate) * up (glu_act: act 0 silu, 1 gelu, tanh approximation as ggml_gelu, 2 swiglu_oai)
 extern "C" __global__ void glu_f32(const float* __restrict__ gate, const float* __restrict__ up, float* out,
                                    long long n, int act) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        const float g = gate[i];
-        float a;
-        if (act == 0) {
-            a = g / (1.0f + expf(-g));
-        } else {
-            a = 0.5f * g * (1.0f + tanhf(0.79788456080286535587989211986876f * g * (1.0f + 0.044715f * g * g)));
-        }
-        out[i] = a * up[i];
-    }
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
+        out[i] = glu_act(gate[i], up[i], act);
 }
 
 // glu_f32 on float4s (n4 = n / 4, 16-byte aligned arrays), one float4 a thread: the 512 x 14336 batch is
@@ -108,19 +100,9 @@ extern "C" __global__ void glu_f32x4(const float4* __restrict__ gate, const floa
                                      long long n4, int act) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n4) return;
-    const float4 g4 = gate[i], u4 = up[i];
-    const float g[4] = {g4.x, g4.y, g4.z, g4.w};
-    float a[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        if (act == 0) {
-            a[k] = g[k] / (1.0f + expf(-g[k]));
-        } else {
-            const float x = g[k];
-            a[k] = 0.5f * x * (1.0f + tanhf(0.79788456080286535587989211986876f * x * (1.0f + 0.044715f * x * x)));
-        }
-    }
-    out[i] = make_float4(a[0] * u4.x, a[1] * u4.y, a[2] * u4.z, a[3] * u4.w);
+    const float4 g = gate[i], u = up[i];
+    out[i] = make_float4(glu_act(g.x, u.x, act), glu_act(g.y, u.y, act), glu_act(g.z, u.z, act),
+                         glu_act(g.w, u.w, act));
 }
 
 extern "C" __global__ void scale_f32(const float* __restrict__ x, float* out, long long n, float s) {

@@ -7,7 +7,7 @@ import numpy as np
 from .module import get_kernel
 
 ROPE_MODES = {"norm": 0, "neox": 1}
-GLU_ACTS = {"silu": 0, "gelu": 1}
+GLU_ACTS = {"silu": 0, "gelu": 1, "swiglu_oai": 2}  # glu_act in common.cu
 GLU_VEC_MIN = 1 << 16  # glu of this many values or more (a multiple of 4) runs glu_f32x4; 0 turns it off
 
 
@@ -119,7 +119,8 @@ def _grid(n: int) -> tuple[int]:
 
 
 def glu(gate, up, act: str = "silu", out=None, vec: bool | None = None):
-    """act(gate) * up, f32, any shape (gate and up alike); act "silu" or "gelu" (tanh approximation).
+    """act(gate) * up, f32, any shape (gate and up alike); act "silu", "gelu" (tanh approximation) or "swiglu_oai"
+    (gpt-oss's clamped SwiGLU: min(gate, 7) * sigmoid(1.702 min(gate, 7)) * (clamp(up, -7, 7) + 1)).
     vec: True / False force glu_f32x4 / glu_f32 (same results); None picks glu_f32x4 from GLU_VEC_MIN values."""
     import cupy  # noqa: PLC0415
 

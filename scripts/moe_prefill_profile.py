@@ -74,7 +74,7 @@ def main() -> int:
         h = cupy.asarray(np.random.default_rng(0).standard_normal((args.n, cfg.n_embd)).astype(np.float32))
 
     def call():
-        return moe.moe_ffn(h, *(dev[n] for n in names), cfg.n_expert_used, True, "silu")
+        return moe.moe_ffn(h, *(dev[n] for n in names), moe.Router(cfg.n_expert_used, True), "silu")
 
     def timed(fn) -> float:
         cupy.cuda.Device().synchronize()

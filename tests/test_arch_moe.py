@@ -73,8 +73,8 @@ def test_group_limit_keeps_the_best_group():
 
 
 @pytest.mark.parametrize("name", ["glm4moe-q4_k_m", "deepseek2-q4_k_m"])
-def test_gated_routing_is_not_the_gpus_fused_form(name):
-    """The GPU's fused MoE routes with softmax only (fused_moe_ok); the CPU's routes the new gating on the host
+def test_gated_routing_is_not_the_cpus_compiled_form(name):
+    """The CPU's compiled routing is plain softmax only (fused_moe_ok): the CPU routes the gated forms on the host
     (tests/test_cpu_moe.py holds it to the op-by-op path) and its one-call decode form steps aside."""
     from hybrid.backends.cpu_moe import FusedMoE  # noqa: PLC0415
 

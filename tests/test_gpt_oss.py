@@ -267,7 +267,7 @@ def test_fused_forms_step_aside(gpt_oss_cfg):
     adopt_layers(spec, gpt_oss_cfg, weights)
     lw = weights.layers[1]
     h = np.ones((2, gpt_oss_cfg.n_embd), np.float32)
-    assert not fusable(spec, lw, 1) and not fused_moe_ok(spec, gpt_oss_cfg, lw)  # the GPU's fused MoE: not this
+    assert not fusable(spec, lw, 1) and not fused_moe_ok(spec, gpt_oss_cfg, lw)  # the CPU's compiled routing: not this
     # the CPU's: routed on the host, the experts compiled with their biases (tests/test_cpu_moe.py: bit for bit);
     # the one-call decode form (compiled routing) steps aside
     out = FusedMoE()(spec, gpt_oss_cfg, lw, h)

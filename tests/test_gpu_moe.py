@@ -119,7 +119,7 @@ def test_moe_ffn_vs_float64(n_tok, types):
     h = rng.standard_normal((n_tok, n_embd)).astype(np.float32)
     dev = [cupy.asarray(a) for a in (router.view(np.uint8), gate, up, down)]
     got = moe.moe_ffn(cupy.asarray(h), (dev[0], "F32"), (dev[1], types[0]), (dev[2], types[1]), (dev[3], types[2]),
-                      k, True, "silu").get()
+                      moe.Router(k, True), "silu").get()
     ids, w = (a.get() for a in moe.route(cupy.asarray(h @ router.T), k, True))
     ref = ref_moe(h, ids, w, gate, up, down, types)
     tol = NMSE_MOE_DECODE if n_tok <= 8 else NMSE_MOE_PREFILL

@@ -40,9 +40,11 @@ class GpuBackend:
         self._q8_memo = None  # (x, its quantize_q8_1): the last one-token input quantized for a q8 matvec
         self._yarn: dict[tuple, tuple] = {}  # rope arguments -> (device angle factors, magnitude) for YaRN
         # GPU layers whose routed experts stay in host memory (-ot, --n-cpu-moe): backends/host_experts.py
+        from hybrid.backends.gpu_moe import DeviceMoeLayers  # noqa: PLC0415
         from hybrid.backends.host_experts import HostExperts  # noqa: PLC0415
 
         self.host_experts = HostExperts(self)
+        self.moe_layers = DeviceMoeLayers(self.from_host)  # each MoE layer's routing and biases for kernels_gpu.moe
 
     # ---- placement helpers
     def free_bytes(self) -> int:
@@ -242,10 +244,6 @@ class GpuBackend:
     def glu(self, gate, up, act: str):
         from kernels_gpu import ops  # noqa: PLC0415
 
-        if act == "swiglu_oai":  # gpt-oss's experts (op by op): cupy elementwise, ggml's formula and constants
-            x = self._cupy.minimum(self._dev(gate), np.float32(7.0))
-            y = self._cupy.clip(self._dev(up), np.float32(-7.0), np.float32(7.0))
-            return x / (np.float32(1.0) + self._cupy.exp(np.float32(-1.702) * x)) * (y + np.float32(1.0))
         return ops.glu(self._dev(gate), self._dev(up), act)
 
     def new_kv_layer(self, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int, type_k: str, type_v: str):
@@ -319,26 +317,27 @@ class GpuBackend:
         return None
 
     def fused_moe(self, spec, cfg, lw, h):
-        """The MoE FFN as MUL_MAT_ID (kernels_gpu.moe): routing on the device and the selected experts read in place,
-        no host synchronization for a decode batch (so MoE layers stay inside the decode CUDA graph). Experts kept
-        in host memory (-ot, --n-cpu-moe) run through self.host_experts (backends/host_experts.py), whatever the
-        routing. None where the experts are of a float type (no id kernels) or the routing is not plain softmax
-        (blocks.moe_ffn then runs op by op, routed on the host)."""
+        """The MoE FFN as MUL_MAT_ID (kernels_gpu.moe): routing on the device (plain softmax and the gated forms:
+        sigmoid, the selection bias, groups, a scale, gpt-oss's softmax of the selected with the router's and the
+        experts' biases) and the selected experts read in place, no host synchronization for a decode batch (so MoE
+        layers stay inside the decode CUDA graph). Experts kept in host memory (-ot, --n-cpu-moe) run through
+        self.host_experts (backends/host_experts.py). None where the experts are of a float type (no id kernels) or
+        the device lacks the layer's GLU or routing (blocks.moe_ffn then runs op by op, routed on the host)."""
         from kernels_gpu import moe  # noqa: PLC0415
 
         from hybrid.backends.host_experts import has_host_experts  # noqa: PLC0415
-        from hybrid.model.arch.moe import fused_moe_ok  # noqa: PLC0415
 
         ws = [lw[n] for n in _MOE_TENSORS]
         if isinstance(ws[0].raw, self._cupy.ndarray) and has_host_experts(lw):
             return self.host_experts(spec, cfg, lw, h)  # the router here, the experts in RAM (any routing)
-        if not fused_moe_ok(spec, cfg, lw):  # the device routing is plain softmax only
-            return None
         if not all(isinstance(w.raw, self._cupy.ndarray) for w in ws):
             return None
         if not all(moe.supported(w.type_name) for w in ws[1:]):
             return None
+        layer = self.moe_layers.get(spec, cfg, lw)
+        if layer is None or layer.host_biases:
+            return None
         router, gate, up, down = ((w.raw, w.type_name) for w in ws)
         on_route = None if self.routing_observer is None else (lambda ids, wts: self.report_routing(lw, ids, wts))
-        return moe.moe_ffn(self._dev(h), router, gate, up, down, cfg.n_expert_used, spec.moe_norm_weights,
-                           spec.ffn_act, on_route)
+        return moe.moe_ffn(self._dev(h), router, gate, up, down, layer.router, spec.ffn_act, on_route,
+                           layer.biases)

@@ -1,6 +1,6 @@
 """A GPU layer whose routed experts stay in host memory (-ot '...ffn_.*_exps=CPU', --cpu-moe, --n-cpu-moe).
 
-The GPU computes the layer's attention, norms and router and routes the tokens (kernels_gpu.moe.route). Then:
+The GPU computes the layer's attention, norms and router and routes the tokens (kernels_gpu.moe.route_with). Then:
 - a batch of fewer than `min_batch` tokens (decode, short prompts): the normed hidden state, the expert ids and
   their weights cross to pinned host memory once, the CPU runs the selected experts in its compiled MoE kernel
   (kernels_cpu.moe.moe_experts, threads over experts and rows, no Python loop over experts), and the weighted sum
@@ -144,53 +144,47 @@ class HostExperts:
     def __call__(self, spec, cfg, lw: dict[str, Weight], h):
         """The MoE FFN of the normed h (n_tok, n_embd) f32 on the GPU -> (n_tok, n_embd) f32 on the GPU.
 
-        Plain softmax routing runs on the device (kernels_gpu.moe.route). The gated forms (sigmoid with a selection
-        bias, groups, a scale; gpt-oss's softmax of the selected and its biases) are routed on the host by
-        blocks.route_layer: inside the CPU's call for the batches whose experts the CPU runs (the router's logits
-        cross instead of ids and weights), before the upload for the big ones (those with bias-free experts; a
-        batch of biased experts stays on the CPU: the GPU's grouped GEMMs add no biases)."""
+        The tokens are routed on the device (kernels_gpu.moe.route_with: plain softmax and the gated forms, with
+        the router's and the selection biases; GpuBackend.moe_layers). A routing the device kernels lack is routed
+        on the host by blocks.route_layer inside the CPU's call (the router's logits cross instead of ids and
+        weights), and its experts always run on the CPU."""
         from kernels_gpu import moe  # noqa: PLC0415
-
-        from hybrid.model.arch.moe import fused_moe_ok  # noqa: PLC0415
 
         h = self.gpu._dev(h)
         logits = self.gpu.matmul(lw["ffn_gate_inp"], h)
         ws = [lw[n] for n in EXPERT_TENSORS]
         limit = self.threshold(cfg)
-        biased = any(f"{n}.bias" in lw for n in EXPERT_TENSORS)
-        big = (limit is not None and h.shape[0] >= limit and not biased
-               and all(moe.supported(w.type_name) for w in ws))
-        if fused_moe_ok(spec, cfg, lw):
-            ids, wts = moe.route(logits, cfg.n_expert_used, spec.moe_norm_weights)
-            self.gpu.report_routing(lw, ids, wts)  # a routing trace's (GpuBackend.routing_observer), when one listens
-        elif big:  # a prefill batch: routed on the host now (not inside a decode graph), ids and weights sent back
-            import cupy  # noqa: PLC0415
-
-            ids_h, wts_h = self._host_route(spec, cfg, lw)(cupy.asnumpy(logits))
-            ids, wts = cupy.asarray(ids_h.astype(np.int32)), cupy.asarray(wts_h.astype(np.float32))
-            self.gpu.report_routing(lw, ids, wts)
-        else:
+        layer = self.gpu.moe_layers.get(spec, cfg, lw)
+        if layer is None:
             return self._on_cpu(spec, cfg, lw, h, None, None, logits)
-        if big:
-            return self._on_gpu(spec, h, ids, wts, ws)
+        ids, wts = moe.route_with(logits, layer.router)
+        self.gpu.report_routing(lw, ids, wts)  # a routing trace's (GpuBackend.routing_observer), when one listens
+        if limit is not None and h.shape[0] >= limit and all(moe.supported(w.type_name) for w in ws):
+            return self._on_gpu(spec, lw, h, ids, wts, ws)
         return self._on_cpu(spec, cfg, lw, h, ids, wts)
 
-    def _on_gpu(self, spec, h, ids, wts, ws):
+    def _on_gpu(self, spec, lw, h, ids, wts, ws):
         from kernels_gpu import moe  # noqa: PLC0415
+
+        from hybrid.backends.gpu_moe import bias_rows  # noqa: PLC0415
 
         s = self.stats
         before = s.uploaded_bytes
         shapes = tuple(tuple(w.shape[1:]) for w in ws)
+        # the experts' bias rows (gpt-oss) stay in RAM with them: a few MB a layer, uploaded for the batch
+        biases = tuple(None if b is None else self.gpu.from_host(np.ascontiguousarray(b, dtype=np.float32))
+                       for b in (bias_rows(lw, f"{n}.bias") for n in EXPERT_TENSORS))
         if all(self._locked(w.raw) for w in ws):
-            out = self._prefill_direct(spec, h, ids, wts, ws, shapes)
+            out = self._prefill_direct(spec, h, ids, wts, ws, shapes, biases)
         else:  # staged through pinned buffers by the host, a run at a time
             out = moe.prefill(h, ids, wts, shapes,
-                              tuple(self._counted(upload_dequantizer(self.gpu, w), w) for w in ws), spec.ffn_act)
+                              tuple(self._counted(upload_dequantizer(self.gpu, w), w) for w in ws), spec.ffn_act,
+                              biases=biases)
         s.gpu_batches += 1
         s.last_upload_bytes = s.uploaded_bytes - before
         return out
 
-    def _prefill_direct(self, spec, h, ids, wts, ws, shapes):
+    def _prefill_direct(self, spec, h, ids, wts, ws, shapes, biases):
         """moe.prefill with each run of used experts copied from the locked pages into a CopyRing slot on the copy
         stream, STAGING_SLOTS runs ahead of the kernels (gate's runs, then up's, then down's)."""
         from kernels_gpu import moe  # noqa: PLC0415
@@ -221,7 +215,7 @@ class HostExperts:
 
         try:
             return moe.prefill(h, ids, wts, shapes, tuple(dequant_of(i, w) for i, w in enumerate(ws)), spec.ffn_act,
-                               prefetch=prefetch)
+                               prefetch=prefetch, biases=biases)
         except BaseException:
             ring.reset()
             raise

@@ -134,20 +134,25 @@ class OffloadBackend:
 
     def fused_moe(self, spec, cfg, lw, h):
         """The MoE FFN of a big batch as the GpuBackend's prefill (kernels_gpu.moe): the router streams as a matrix,
-        routing runs on the GPU, and only the experts the batch uses are uploaded from host memory, a chunk at a
-        time (as many as one dequantized fp16 chunk holds). None for float experts (no id kernels) and for routing other
-        than plain softmax (glm4moe's sigmoid with its bias, gpt-oss's biases: blocks.moe_ffn runs those op by op)."""
+        routing runs on the GPU (every routing its kernels know: GpuBackend.moe_layers), and only the experts the
+        batch uses are uploaded from host memory, a chunk at a time (as many as one dequantized fp16 chunk holds),
+        with their bias rows where they have them. None for float experts (no id kernels) and for a GLU or routing
+        the device lacks (blocks.moe_ffn runs those op by op)."""
         from kernels_gpu import moe  # noqa: PLC0415
 
-        from hybrid.model.arch.moe import fused_moe_ok  # noqa: PLC0415
+        from hybrid.backends.gpu_moe import EXPERT_TENSORS, bias_rows  # noqa: PLC0415
 
-        if not fused_moe_ok(spec, cfg, lw):  # the device routing is plain softmax only (as GpuBackend.fused_moe)
+        layer = self.gpu.moe_layers.get(spec, cfg, lw)
+        if layer is None:
             return None
         ws = [lw[n] for n in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")]
         if not all(moe.supported(w.type_name) for w in ws[1:]):
             return None
         x = self._dev(h)
-        ids, wts = moe.route(self.matmul(ws[0], x), cfg.n_expert_used, spec.moe_norm_weights)
+        ids, wts = moe.route_with(self.matmul(ws[0], x), layer.router)
         self.gpu.report_routing(lw, ids, wts)  # a routing trace's, when one listens
         shapes = tuple(tuple(w.shape[1:]) for w in ws[1:])
-        return moe.prefill(x, ids, wts, shapes, tuple(upload_dequantizer(self.gpu, w) for w in ws[1:]), spec.ffn_act)
+        biases = tuple(None if b is None else self.gpu.from_host(np.ascontiguousarray(b, dtype=np.float32))
+                       for b in (bias_rows(lw, f"{n}.bias") for n in EXPERT_TENSORS))
+        return moe.prefill(x, ids, wts, shapes, tuple(upload_dequantizer(self.gpu, w) for w in ws[1:]), spec.ffn_act,
+                           biases=biases)

@@ -1,7 +1,8 @@
 """MoE routing beyond qwen3moe's softmax (llama.cpp's build_moe_ffn): sigmoid gating, gpt-oss's softmax over the
 selected logits, the selection bias exp_probs_b (selection only), group-limited selection, renormalized and scaled
-weights; and which layers keep to plain softmax routing with unbiased experts and a SwiGLU/GeGLU, the only kind the
-backends' fused MoE forms implement (they decline the others).
+weights; and which layers keep to plain softmax routing with unbiased experts and a SwiGLU/GeGLU, the kind the CPU's
+compiled routing and one-call decode form implement (the others are routed on the host; the GPU's kernels route
+every form on the device: kernels_gpu.moe.Router).
 
 The numbers are taken so compiled code can repeat them bit for bit (kernels_cpu.moe_route): the softmax or the
 sigmoid in float64 rounded once to float32, the bias added in float32, the renormalizing sum in float64 rounded
@@ -72,8 +73,8 @@ def routing(spec: ArchSpec, cfg: ModelConfig) -> Routing:
 
 def fused_moe_ok(spec: ArchSpec, cfg: ModelConfig, lw) -> bool:
     """Whether a MoE layer's routing is plain softmax with no selection bias, its router and experts carry no
-    biases and its GLU is SwiGLU or GeGLU: what the backends' fused MoE forms (routed experts only) implement. A
-    shared expert is added by blocks.moe_ffn after them, so it does not count."""
+    biases and its GLU is SwiGLU or GeGLU: what the CPU's compiled routing (kernels_cpu.moe_route) and its one-call
+    decode form implement. A shared expert is added by blocks.moe_ffn after them, so it does not count."""
     return (routing(spec, cfg).plain and spec.ffn_act in FUSED_ACTS and "exp_probs_b.bias" not in lw
             and not any(b in lw for b in MOE_BIASES))
 
