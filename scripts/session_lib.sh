@@ -1,5 +1,6 @@
 # Shared by the device-session scripts (moe_session.sh, moe_offload_session.sh): source it from the project's root.
-#   env: OUT (logs), MODEL (default /tmp/qwen3moe-30b.gguf, made if missing), ROUNDS (2), REPS (2), THREADS (16),
+#   env: OUT (logs), MODEL (default /tmp/qwen3moe-30b.gguf, made if missing with make_model.py MAKE_ARGS, default
+#        the qwen3moe-30b preset), ROUNDS (2), REPS (2), THREADS (16),
 #        TESTS (1: the script's GPU test files, or TEST_FILES; all: every GPU test; 0: none), LBENCH (llama-bench)
 mkdir -p "$OUT"
 export COLUMNS=200 PYTHONUNBUFFERED=1
@@ -8,6 +9,7 @@ if ls .whl/*.whl >/dev/null 2>&1 && [[ ! -d /tmp/site/gguf ]]; then  # the devic
 fi
 export PYTHONPATH=/tmp/site:$PWD
 MODEL=${MODEL:-/tmp/qwen3moe-30b.gguf}
+MAKE_ARGS=${MAKE_ARGS:---arch qwen3moe --preset qwen3moe-30b}
 ROUNDS=${ROUNDS:-2}
 REPS=${REPS:-2}
 THREADS=${THREADS:-16}
@@ -24,7 +26,7 @@ session_setup() {
   fi
   MK_PID=
   if [[ ! -f $MODEL ]]; then
-    python3 scripts/make_model.py "$MODEL" --arch qwen3moe --preset qwen3moe-30b > "$OUT/make_model.log" 2>&1 &
+    python3 scripts/make_model.py "$MODEL" $MAKE_ARGS > "$OUT/make_model.log" 2>&1 &
     MK_PID=$!
   fi
   if [[ ${TESTS:-1} != 0 ]]; then
