@@ -26,6 +26,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "kv": ("common.cu", "kv.cu"),
     "attention": ("common.cu", "attention.cu"),
     "moe": ("common.cu", "moe.cu"),
+    "moe_cache": ("common.cu", "moe_cache.cu"),
 }
 
 # source "files" made by code: name -> a function returning the text

@@ -322,16 +322,19 @@ class CopyRing:
         self._issued.clear()
 
 
-def register_spans(arrays: list[np.ndarray]) -> tuple[list[tuple[int, int]], str]:
+def register_spans(arrays: list[np.ndarray], locked: list[tuple[int, int]] = ()) -> tuple[list[tuple[int, int]], str]:
     """Page-lock the pages under `arrays` in place (cudaHostRegister, read-only where the device allows it), as
-    merged page-aligned spans: ([(start, end)] registered, "" or why some were not). The caller unregisters them
-    (unregister_spans) and must keep the arrays' memory mapped until then."""
+    merged page-aligned spans, less the spans `locked` already holds (a page is registered once): ([(start, end)]
+    registered, "" or why some were not). The caller unregisters them (unregister_spans) and must keep the arrays'
+    memory mapped until then."""
     merged: list[list[int]] = []
     for lo, hi in sorted(_page_span(a) for a in arrays if a.nbytes):
         if merged and lo <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], hi)
         else:
             merged.append([lo, hi])
+    for s, e in locked:  # cut the spans already registered out of the new ones
+        merged = [part for lo, hi in merged for part in ([lo, min(hi, s)], [max(lo, e), hi]) if part[0] < part[1]]
     done, why = [], ""
     for lo, hi in merged:
         failed = _host_register(lo, hi)

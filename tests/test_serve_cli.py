@@ -32,6 +32,8 @@ def hybrid(*args: str) -> subprocess.CompletedProcess:
     (["--cache-ram", "lots"], "give a size"),
     (["--api-key-file", "/nonexistent/key"], "--api-key-file"),
     (["--api-key", "a", "--api-key-file", "/etc/hostname"], "not both"),
+    (["-np", "0"], "-np"),
+    (["-np", "2", "--spec-type", "ngram"], "give -np 1"),
 ])
 def test_bad_flags_are_usage_errors(args, words):
     r = hybrid("serve", "/nonexistent.gguf", *args)

@@ -33,6 +33,9 @@ class CpuBackend:
         (cpu_fused.fusable); else None."""
         if not (self.fused and fusable(spec, lw, x.shape[0])):
             return None
+        if hasattr(kv, "seqs"):  # a ragged batch (kv.batch.KVBatch): attention per sequence, op by op; the layer's
+            self._fused.prepare(spec, cfg, lw, il)  # arguments are still gathered so that its FFN half is fused
+            return None
         return self._fused.attention(spec, cfg, lw, il, x, positions, kv, self._tables)
 
     def fused_ffn(self, spec, cfg, lw: dict[str, Weight], x: np.ndarray, a: np.ndarray):

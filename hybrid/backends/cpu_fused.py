@@ -113,6 +113,11 @@ class FusedLayers:
             hit = self._layers[id(lw)] = (lw, _Layer(spec, cfg, lw, il))
         return hit[1]
 
+    def prepare(self, spec, cfg, lw, il: int) -> None:
+        """Gather layer il's arguments without running it (a ragged batch's attention runs op by op; ffn then
+        finds them)."""
+        self._layer(spec, cfg, lw, il)
+
     def _positions(self, cfg: ModelConfig, positions: np.ndarray, n_ctx: int) -> tuple:
         """(positions int32, int64, n_kv, threads, heads per item) of a batch, checked against the cache's n_ctx."""
         pos = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)

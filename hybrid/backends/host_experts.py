@@ -114,27 +114,33 @@ class HostExperts:
         self._layers: dict[int, tuple] = {}  # id of the gate tensor -> (its Weight, the CPU kernel's arguments)
         self._spans: list[tuple[int, int]] = []  # host spans page-locked by register()
         self._ring = None  # kernels_gpu.transfer.CopyRing: batches' uploads straight from the locked pages
+        self.cache = None  # backends.moe_cache.runtime.ExpertCache (--moe-cache): hot experts in GPU slots
 
     def register(self, layers: list[dict[str, Weight]]) -> str:
-        """Page-lock the host expert tensors of `layers` in place, so a big batch's uploads read them by DMA at full
-        PCIe speed, on a copy stream, ahead of their use (else each run is staged through pinned buffers by the
-        host). Returns "" when registered, else why not. They stay locked (resident, as with --mlock) while this
-        object lives."""
+        """Page-lock the host expert tensors of `layers` in place (those not locked yet), so a big batch's uploads
+        read them by DMA at full PCIe speed, on a copy stream, ahead of their use (else each run is staged through
+        pinned buffers by the host). Returns "" when registered, else why not. They stay locked (resident, as with
+        --mlock) while this object lives."""
         import weakref  # noqa: PLC0415
 
         from kernels_gpu.transfer import register_spans, unregister_spans  # noqa: PLC0415
 
-        arrays = [lw[n].raw for lw in layers for n in EXPERT_TENSORS if isinstance(lw[n].raw, np.ndarray)]
-        if not arrays or self._spans:
+        arrays = [lw[n].raw for lw in layers for n in EXPERT_TENSORS
+                  if isinstance(lw[n].raw, np.ndarray) and not self._locked(lw[n].raw)]
+        if not arrays:
             return "" if self._spans else "no experts in RAM"
-        spans, why = register_spans(arrays)
-        self._spans = spans
+        spans, why = register_spans(arrays, self._spans)
+        self._spans = self._spans + spans  # a second call (op offload's CPU layers) adds its own
         weakref.finalize(self, unregister_spans, spans, arrays)  # the arrays (the map) outlive the lock
         return why
 
     def _locked(self, a: np.ndarray) -> bool:
+        """Whether the locked spans (disjoint) cover all of a's bytes."""
         lo, hi = int(a.ctypes.data), int(a.ctypes.data) + a.nbytes
-        return any(s <= lo and hi <= e for s, e in self._spans)
+        for s, e in sorted(self._spans):
+            if s <= lo < e:
+                lo = e
+        return lo >= hi
 
     def threshold(self, cfg) -> int | None:
         if self.min_batch == 0:
@@ -160,10 +166,13 @@ class HostExperts:
         ids, wts = moe.route_with(logits, layer.router)
         self.gpu.report_routing(lw, ids, wts)  # a routing trace's (GpuBackend.routing_observer), when one listens
         if limit is not None and h.shape[0] >= limit and all(moe.supported(w.type_name) for w in ws):
-            return self._on_gpu(spec, lw, h, ids, wts, ws)
+            return self.run_uploaded(spec, lw, h, ids, wts, ws)
         return self._on_cpu(spec, cfg, lw, h, ids, wts)
 
-    def _on_gpu(self, spec, lw, h, ids, wts, ws):
+    def run_uploaded(self, spec, lw, h, ids, wts, ws):
+        """The experts of a routed batch (h, ids, wts on the GPU) run on the GPU, only those the batch uses uploaded
+        from host memory: by DMA from the locked pages (register) ahead of the kernels, else staged through pinned
+        buffers a run at a time. Also op offload's way for the CPU layers' experts (backends/offload.py)."""
         from kernels_gpu import moe  # noqa: PLC0415
 
         from hybrid.backends.gpu_moe import bias_rows  # noqa: PLC0415
@@ -231,9 +240,13 @@ class HostExperts:
 
     def _on_cpu(self, spec, cfg, lw, h, ids, wts, logits=None):
         """The CPU runs the experts: h and the routing (ids and wts, or the router's logits to route on the host)
-        to pinned memory, a host break, the sum back to the GPU."""
+        to pinned memory, a host break, the sum back to the GPU. With an expert cache (--moe-cache), a step it serves
+        runs its hits on the GPU and only the misses here (backends/moe_cache/runtime.py)."""
         import cupy  # noqa: PLC0415
 
+        row = None if self.cache is None or logits is not None else self.cache.row(lw, h.shape[0])
+        if row is not None:
+            return self.cache.run(self, spec, cfg, lw, h, ids, wts, row)
         n_tok, n_embd = h.shape
         args = self._cpu_args(spec, cfg, lw)
         key = (id(lw["ffn_gate_exps"]), n_tok)

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from hybrid.backends.host_experts import upload_dequantizer
 from hybrid.model.weights import Weight
 
 
@@ -135,12 +134,10 @@ class OffloadBackend:
     def fused_moe(self, spec, cfg, lw, h):
         """The MoE FFN of a big batch as the GpuBackend's prefill (kernels_gpu.moe): the router streams as a matrix,
         routing runs on the GPU (every routing its kernels know: GpuBackend.moe_layers), and only the experts the
-        batch uses are uploaded from host memory, a chunk at a time (as many as one dequantized fp16 chunk holds),
-        with their bias rows where they have them. None for float experts (no id kernels) and for a GLU or routing
+        batch uses are uploaded from host memory (HostExperts.run_uploaded), a run of experts at a time, with their
+        bias rows where they have them. None for float experts (no id kernels) and for a GLU or routing
         the device lacks (blocks.moe_ffn runs those op by op)."""
         from kernels_gpu import moe  # noqa: PLC0415
-
-        from hybrid.backends.gpu_moe import EXPERT_TENSORS, bias_rows  # noqa: PLC0415
 
         layer = self.gpu.moe_layers.get(spec, cfg, lw)
         if layer is None:
@@ -151,8 +148,6 @@ class OffloadBackend:
         x = self._dev(h)
         ids, wts = moe.route_with(self.matmul(ws[0], x), layer.router)
         self.gpu.report_routing(lw, ids, wts)  # a routing trace's, when one listens
-        shapes = tuple(tuple(w.shape[1:]) for w in ws[1:])
-        biases = tuple(None if b is None else self.gpu.from_host(np.ascontiguousarray(b, dtype=np.float32))
-                       for b in (bias_rows(lw, f"{n}.bias") for n in EXPERT_TENSORS))
-        return moe.prefill(x, ids, wts, shapes, tuple(upload_dequantizer(self.gpu, w) for w in ws[1:]), spec.ffn_act,
-                           biases=biases)
+        # the used experts uploaded as for a GPU layer's experts in RAM: by DMA from their locked pages where the
+        # engine page-locked them (Engine.load), else staged through pinned buffers
+        return self.gpu.host_experts.run_uploaded(spec, lw, x, ids, wts, ws[1:])

@@ -24,7 +24,9 @@ from hybrid.system.sizes import format_size
 from hybrid.cli.common import fmt_count
 from hybrid.cli.options import SYSTEM_FLAGS, ModelArgument, ModelOpt, check_batch, check_threads, engine_flags
 from hybrid.cli.session import load_engine, note
+from hybrid.cli.bench_batched import bench_batched
 from hybrid.cli.bench_spec import SpecSweep, spec_cells, spec_fields, spec_note
+from hybrid.cli.bench_moe_cache import cache_counts, cache_fields, cache_note, cache_sweep
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -38,7 +40,7 @@ def _strs(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
 
-@engine_flags(*SYSTEM_FLAGS)
+@engine_flags(*SYSTEM_FLAGS, "vram_budget")  # --vram-budget: what --moe-cache auto sizes from
 def bench(
     model: ModelArgument = None,
     model_opt: ModelOpt = None,  # merged into `model` while the flags are parsed
@@ -61,6 +63,10 @@ def bench(
     ncmoe: Annotated[str, typer.Option("-ncmoe", "--n-cpu-moe", help="Layers whose routed experts stay in RAM, run by "
                                        "the CPU (comma-separated to compare).")] = "0",
     cmoe: Annotated[bool, typer.Option("-cmoe", "--cpu-moe", help="Every layer's routed experts in RAM.")] = False,
+    moe_cache: Annotated[str, typer.Option("--moe-cache", help="The GPU cache of hot experts in RAM, as run's "
+                                           "--moe-cache, comma-separated to compare (auto,0: with and without it); "
+                                           "rows gain moe_cache, moe_cache_hit_rate, uploads and bytes per "
+                                           "token.")] = "0",
     ot: Annotated[list[str], typer.Option("-ot", "--override-tensor", help="REGEX=DEVICE[,...] (repeatable), as run's "
                                           "-ot.")] = [],
     spec_type: Annotated[str, typer.Option("--spec-type", help="Speculative decoding for the tg tests: none, ngram, "
@@ -74,6 +80,12 @@ def bench(
                                              "the length adapts to the measured acceptance and cost, as in run).")] = False,
     prompt_file: Annotated[str, typer.Option("-f", "--file", help="The prompt of the speculative tg tests (default: "
                                              "a code pattern to continue).")] = "",
+    batched: Annotated[bool, typer.Option("--batched", help="llama-batched-bench instead: B sequences of PP prompt "
+                                          "tokens prefilled together, then TG steps decoding all B at once; one row "
+                                          "per -npp x -ntg x -npl (the first -t, -ngl, -ctk, -ctv, -b, -ub).")] = False,
+    npp: Annotated[str, typer.Option("-npp", help="--batched: prompt tokens per sequence, comma-separated.")] = "128",
+    ntg: Annotated[str, typer.Option("-ntg", help="--batched: generated tokens per sequence, comma-separated.")] = "128",
+    npl: Annotated[str, typer.Option("-npl", help="--batched: sequences in the batch, comma-separated.")] = "1,2,4",
     reps: Annotated[int, typer.Option("-r", "--repetitions", help="Timed repetitions per test.")] = 5,
     output: Annotated[str, typer.Option("-o", "--output", help="Output format: md, json, csv.")] = "md",
     params: EngineParams = EngineParams(),
@@ -81,6 +93,13 @@ def bench(
     """Benchmark prompt processing (pp) and generation (tg) speed, like llama-bench; lists sweep every combination."""
     if output not in ("md", "json", "csv"):
         raise typer.BadParameter(f"-o must be md, json or csv, got '{output}'")
+    if batched:
+        b0, ub0 = check_batch(_ints(batch, "-b")[0], "'-b'"), check_batch(_ints(ubatch, "-ub")[0], "'-ub'")
+        t0 = check_threads(_ints(threads, "-t")[0], "'-t'")
+        bench_batched(model, replace(params, n_batch=b0, n_ubatch=ub0, n_threads=max(t0, 0),
+                                     n_gpu_layers=_ints(ngl, "-ngl")[0], type_k=_strs(ctk)[0], type_v=_strs(ctv)[0]),
+                      _ints(npp, "-npp"), _ints(ntg, "-ntg"), _ints(npl, "-npl"))
+        return
     pairs = []
     for item in pg:
         vals = _ints(item, "-pg")
@@ -102,23 +121,28 @@ def bench(
     n_cpu_moes = [v for v in _ints(ncmoe, "-ncmoe")]
     if any(v < 0 for v in n_cpu_moes):
         raise typer.BadParameter(f"-ncmoe takes counts >= 0, got '{ncmoe}'")
+    caches = cache_sweep(moe_cache)
     specs = SpecSweep.parse(spec_type, model_draft, ngl_draft, _ints(draft_max, "--draft-max"), spec_fixed,
                             prompt_file)
     machine = probe_machine()
     rows: list[dict] = []
     combos = itertools.product(_ints(ngl, "-ngl"), n_cpu_moes, _strs(ctk), _strs(ctv), _ints(fa, "-fa"), batches,
-                               ubatches, thread_counts, _ints(nopo, "-nopo"), _ints(no_repack, "-nr"))
-    for n_gl, n_cm, tk, tv, fa_on, b, ub, t, po_off, nr in combos:
+                               ubatches, thread_counts, _ints(nopo, "-nopo"), _ints(no_repack, "-nr"), caches)
+    for n_gl, n_cm, tk, tv, fa_on, b, ub, t, po_off, nr, mc in combos:
         engine, _ = load_engine(model, replace(params, n_ctx=4096, n_batch=b, n_ubatch=ub, type_k=tk, type_v=tv,
                                                n_threads=max(t, 0), n_gpu_layers=n_gl, op_offload=not po_off,
-                                               repack=not nr, overrides=given + cpu_moe_overrides(n_cpu_moe=n_cm)),
+                                               repack=not nr, overrides=given + cpu_moe_overrides(n_cpu_moe=n_cm),
+                                               moe_cache=mc),
                                 warn_ctx=False)
         import numba  # noqa: PLC0415 - the thread count in effect
 
         n_threads = numba.get_num_threads()
         results = run_bench(engine, tests, reps) if specs is None else specs.run(engine, tests, reps, load_engine)
+        counts = cache_counts(engine)
         for res in results:
             rows.append(_row(engine, res, machine, n_threads, n_gl, tk, tv, fa_on, b, ub))
+            rows[-1].update(cache_fields(engine, mc, counts))  # over this test (and its warm-up)
+            counts = cache_counts(engine)
             if specs is not None:
                 rows[-1].update(spec_fields(res))
             rows[-1]["n_cpu_moe"] = n_cm  # as llama-bench: the count, and the other overrides as one string
@@ -130,11 +154,14 @@ def bench(
             rows[-1]["gpu_decode"] = _gpu_decode(engine)  # CUDA graphs, or eager launches and why
             if output == "md":
                 note(f"{rows[-1]['test']}: {res.avg_ts:.2f} ± {res.stddev_ts:.2f} t/s (t={n_threads}, "
-                     f"ncmoe={n_cm}, nopo={int(bool(po_off))}, nr={int(bool(nr))}{spec_note(rows[-1])})")
+                     f"ncmoe={n_cm}, nopo={int(bool(po_off))}, nr={int(bool(nr))}{spec_note(rows[-1])}"
+                     f"{cache_note(rows[-1])})")
         if rows and rows[-1]["gpu_decode"]:
             note(f"GPU decode: {rows[-1]['gpu_decode']}")
         if rows and rows[-1]["moe_experts"] and output == "md":
             note(rows[-1]["moe_experts"])
+        if rows and rows[-1]["moe_cache_report"] and output == "md":
+            note(rows[-1]["moe_cache_report"])
         engine.close()
     _render(rows, output)
 
@@ -169,8 +196,9 @@ def _render(rows: list[dict], output: str) -> None:
         sys.stdout.write(buf.getvalue())
         return
     spec = any("spec_type" in r for r in rows)
+    cached = any(r.get("moe_cache", "0") != "0" for r in rows)
     header = ["model", "size", "params", "backend", "threads", "type_k", "type_v", "ngl", "ncmoe", "nopo", "nr", "test",
-              *(["spec", "accept"] if spec else []), "t/s"]
+              *(["spec", "accept"] if spec else []), *(["moe cache", "hits"] if cached else []), "t/s"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] * len(header)) + "|"]
     for r in rows:
         lines.append("| " + " | ".join([
@@ -178,6 +206,8 @@ def _render(rows: list[dict], output: str) -> None:
             str(r["n_threads"]), r["type_k"], r["type_v"], str(r["n_gpu_layers"]), str(r["n_cpu_moe"]),
             str(r["no_op_offload"]),
             str(r["no_repack"]), r["test"], *(spec_cells(r) if spec else []),
+            *([r["moe_cache"], "" if r["moe_cache_hit_rate"] is None else f"{r['moe_cache_hit_rate']:.3f}"]
+              if cached else []),
             f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
         ]) + " |")
     print("\n".join(lines))

@@ -51,6 +51,8 @@ def plan_json(p: PlacementPlan, tensors: dict[str, int]) -> dict:
             "gpu_weight_bytes": p.gpu_weight_bytes, "cpu_weight_bytes": p.cpu_weight_bytes,
             "gpu_kv_bytes": p.gpu_kv_bytes, "gpu_scratch_bytes": p.gpu_scratch_bytes,
             "headroom_bytes": p.headroom_bytes, "n_cpu_moe": p.n_cpu_moe,
+            "moe_cache": {"slots": p.moe_cache.slots, "bytes": p.moe_cache.bytes, "layers": list(p.moe_cache.layers),
+                          "note": p.moe_cache.note},
             "override_tensors": [str(o) for o in p.overrides],
             "devices": [lp.device for lp in p.layers] + [p.output.device], "layers": layers, "tensors": rows}
 

@@ -20,6 +20,7 @@ import typer
 
 from hybrid.engine.params import EngineParams
 from hybrid.errors import HybridError
+from hybrid.plan.moe_cache import DEFAULT_INSERTS, DEFAULT_POLICY, parse_moe_cache
 from hybrid.plan.overrides import build_overrides
 from hybrid.system.numa import check_mode as check_numa_mode
 from hybrid.system.sizes import parse_size
@@ -217,6 +218,41 @@ NCpuMoeOpt = Annotated[
                  help="Keep the routed experts of the first N layers in RAM (with -ngl 99: the rest of the model on "
                       "the GPU). `hybrid probe` finds the smallest N that fits."),
 ]
+
+
+def _moe_cache(value: str) -> str:
+    try:
+        parse_moe_cache(value)
+    except HybridError as exc:
+        raise typer.BadParameter(f"'{value}': give slots a layer (32), a total size (6GiB), 'auto' or 0") from exc
+    return value
+
+
+def _moe_cache_policy(value: str) -> str:
+    from hybrid.backends.moe_cache.policy import POLICIES  # noqa: PLC0415
+
+    if value not in POLICIES:
+        raise typer.BadParameter(f"'{value}': give one of {', '.join(POLICIES)}")
+    return value
+
+
+MoeCacheOpt = Annotated[
+    str,
+    typer.Option("--moe-cache", callback=_moe_cache,
+                 help="A GPU cache of the hot routed experts of GPU layers whose experts stay in RAM (--n-cpu-moe, "
+                      "-ot): SLOTS a layer (32), a total SIZE (6GiB), or 'auto' (what the plan leaves of the VRAM "
+                      "budget, less a margin); 0 = off. Hits run on the GPU, misses on the CPU."),
+]
+MoeCachePolicyOpt = Annotated[
+    str,
+    typer.Option("--moe-cache-policy", callback=_moe_cache_policy,
+                 help="Which cached expert a new one replaces: lru, lfu or lfru (docs/MOE_CACHE.md)."),
+]
+MoeCacheInsertsOpt = Annotated[
+    int,
+    typer.Option("--moe-cache-inserts", callback=at_least(-1, "no cap"),
+                 help="Experts uploaded into the cache a layer a decode step, at most."),
+]
 CpuMaskOpt = Annotated[
     Optional[str],
     typer.Option("-C", "--cpu-mask",
@@ -256,11 +292,15 @@ ENGINE_FLAGS: dict[str, Flag] = {
     "override_tensor": Flag(OverrideTensorOpt, [], lambda v: {}),  # with cpu_moe, n_cpu_moe: in engine_params
     "cpu_moe": Flag(CpuMoeOpt, False, lambda v: {}),
     "n_cpu_moe": Flag(NCpuMoeOpt, 0, lambda v: {}),
+    "moe_cache": Flag(MoeCacheOpt, "0", lambda v: {"moe_cache": parse_moe_cache(v)}),
+    "moe_cache_policy": Flag(MoeCachePolicyOpt, DEFAULT_POLICY, lambda v: {"moe_cache_policy": v}),
+    "moe_cache_inserts": Flag(MoeCacheInsertsOpt, DEFAULT_INSERTS, lambda v: {"moe_cache_inserts": v}),
     "cpu_mask": Flag(CpuMaskOpt, None, lambda v: {}),  # with cpu_range, in _cpus
     "cpu_range": Flag(CpuRangeOpt, None, lambda v: {}),
 }
 LOAD_FLAGS = tuple(ENGINE_FLAGS)  # all of them: run, chat, perplexity
-SYSTEM_FLAGS = ("numa", "mlock", "no_mmap", "cpu_mask", "cpu_range")  # what bench does not sweep
+# what bench takes as run does, without sweeping it (bench sweeps --moe-cache itself)
+SYSTEM_FLAGS = ("numa", "mlock", "no_mmap", "cpu_mask", "cpu_range", "moe_cache_policy", "moe_cache_inserts")
 
 
 def engine_params(values: dict[str, Any]) -> EngineParams:

@@ -23,6 +23,7 @@ from hybrid.errors import DeviceUnavailable, HybridError
 from hybrid.kv.types import check_kv_types
 from hybrid.model.files import resolve_model
 from hybrid.plan.budget import plan_for
+from hybrid.plan.moe_cache import MoeCacheRequest
 from hybrid.plan.probe import DEFAULT_MARGIN_BYTES, kv_type_table
 from hybrid.engine.fit import probe_n_cpu_moe, probe_ngl, try_fit
 from hybrid.plan.overrides import FFN_EXPS_REGEX, cpu_moe_overrides
@@ -34,7 +35,8 @@ from hybrid.cli.options import ModelArgument, ModelOpt, engine_flags
 from hybrid.cli.session import note
 
 
-@engine_flags("ctx", "ctk", "ctv", "ubatch", "vram_budget", "no_op_offload", "override_tensor", "cpu_moe", "n_cpu_moe")
+@engine_flags("ctx", "ctk", "ctv", "ubatch", "vram_budget", "no_op_offload", "override_tensor", "cpu_moe", "n_cpu_moe",
+              "moe_cache")
 def probe(
     model: ModelArgument = None,
     model_opt: ModelOpt = None,  # merged into `model` while the flags are parsed
@@ -104,6 +106,9 @@ def probe(
     rec_ngl = n_max if use_moe else rec.ngl
     kv_rows = kv_type_table(config, tensors, budget, params.plan_inputs(), margin_bytes=margin_bytes)
     p = plan_for(config, tensors, budget, max(rec_ngl, 0), params.plan_inputs())
+    if p.n_cpu_moe and params.moe_cache.kind in ("off", "auto"):  # the expert cache it leaves room for
+        p = plan_for(config, tensors, budget, max(rec_ngl, 0),
+                     replace(params, moe_cache=MoeCacheRequest("auto")).plan_inputs())
     machine = probe_machine(with_gpu=False)
     sweep = None
     if not fast and not dry_run:
@@ -126,11 +131,15 @@ def probe(
     flags += [f"-t {checks[0].value}"] + [c.value for c in checks[1:] if c.value]
     if not params.op_offload:
         flags.append("--no-op-offload")
+    if p.moe_cache.on:
+        flags.append(f"--moe-cache {p.moe_cache.slots}")
     command = f"hybrid run {path} " + " ".join(flags)
     report.update(recommended_ngl=rec_ngl, recommended_n_cpu_moe=moe.recommended if use_moe else None,
                   margin_bytes=margin_bytes, recommendation=dataclasses.asdict(rec),
                   kv_types=[dataclasses.asdict(r) for r in kv_rows], checks=[dataclasses.asdict(c) for c in checks],
-                  thread_sweep=sweep, command=command, plan_gpu_bytes=p.gpu_total_bytes, plan_cpu_bytes=p.cpu_total_bytes)
+                  thread_sweep=sweep, command=command,
+                  moe_cache={"slots": p.moe_cache.slots, "bytes": p.moe_cache.bytes, "note": p.moe_cache.note},
+                  plan_gpu_bytes=p.gpu_total_bytes, plan_cpu_bytes=p.cpu_total_bytes)
     if json_out:
         print(json.dumps(report, indent=2))
     else:
@@ -164,6 +173,8 @@ def _render(r: dict, kv_rows, checks, dry_run: bool) -> None:
                                      f"layer on the GPU, the routed experts of the first {moe['recommended']} in RAM")
     if moe is None or moe["recommended"] > moe["n_layer"]:
         t.add_row("recommended", f"-ngl {r['recommended_ngl']} (headroom >= {format_size(r['margin_bytes'])})")
+    if r["moe_cache"]["note"]:
+        t.add_row("expert cache", escape(r["moe_cache"]["note"]))
     t.add_row("GPU / CPU bytes", f"{format_size(r['plan_gpu_bytes'])} / {format_size(r['plan_cpu_bytes'])}")
     con.print(t)
     kv = Table(title="KV cache types at this context")

@@ -15,6 +15,8 @@ from hybrid.generate.loop import check_fits, generate
 from hybrid.generate.sampling import SamplingParams
 from hybrid.generate.speculative import SpecStats
 from hybrid.generate.timings import Timings
+from hybrid.backends.moe_cache.runtime import expert_cache
+from hybrid.system.sizes import format_size
 from hybrid.text.stream import TextStream
 
 from hybrid.cli.chat import chat_loop
@@ -125,6 +127,12 @@ def run(
                "text": tok.decode(generated, unparse_special=special), "timings": timings.as_dict()}
         if speculator is not None:
             out["speculative"] = stats.as_dict()
+        cache = expert_cache(engine)
+        if cache is not None:
+            ups, nbytes = cache.book.stats.per_token()
+            out["moe_cache"] = {"slots": cache.n_slots, "hit_rate": cache.book.stats.hit_rate,
+                                "layer_hit_rates": cache.book.stats.layer_hit_rates().tolist(),
+                                "uploads_per_token": ups, "bytes_per_token": nbytes}
         if interrupted:
             out["interrupted"] = True
         print(json.dumps(out, ensure_ascii=False))
@@ -132,6 +140,11 @@ def run(
         sys.stdout.write(stream.flush() + "\n")
         sys.stdout.flush()
         print_timings(timings)
+        cache = expert_cache(engine)
+        if cache is not None:  # the decode hit rate beside the timings (per layer with --verbose)
+            ups, nbytes = cache.book.stats.per_token()
+            note(f"       moe cache = {cache.book.stats.hit_rate:10.2%} hits over {cache.book.stats.tokens} tokens, "
+                 f"{ups:.2f} uploads ({format_size(int(nbytes), 2)}) per token")
         if speculator is not None:
             note(spec_summary(stats))
         if verbose:
@@ -143,7 +156,8 @@ def run(
 
 def device_report(engine) -> list[str]:
     """--verbose: one line each for the experts kept in RAM, op offload and the GPU's decode graphs (what applies)."""
-    lines = [engine.moe_report()]
+    cache = expert_cache(engine)
+    lines = [engine.moe_report(), "" if cache is None else cache.book.summary()]
     if engine.op_offload is not None:
         lines.append(f"op offload: {engine.op_offload.describe()}")
     gpus = {id(b): b for b in (*engine.backends, engine.output_backend) if hasattr(b, "graph_report")}

@@ -57,6 +57,10 @@ def _api_key(key: str | None, key_file: str | None) -> str | None:
     return key
 
 
+def _slots(n: int) -> str:
+    return "one slot" if n == 1 else f"{n} slots (continuous batching)"
+
+
 @engine_flags(*LOAD_FLAGS)
 @spec_flags
 def serve(
@@ -70,6 +74,7 @@ def serve(
     cache_ram: Annotated[str, typer.Option("--cache-ram", callback=_size, help="Host RAM for prompt caches of conversations the slot switched away from (0 = only the slot's own KV cache).")] = "2GiB",
     reasoning_format: Annotated[str, typer.Option("--reasoning-format", callback=_reasoning, help="deepseek/auto: <think>…</think> at the start of a reply comes back as reasoning_content; none: left in the content.")] = "deepseek",
     chat_template: ChatTemplateOpt = None,
+    n_parallel: Annotated[int, typer.Option("-np", "--parallel", min=1, help="Generation slots: above 1, requests run together in continuous batches (decode first, then prompt chunks within -b), the context -c split evenly among the slots. Speculative decoding needs -np 1.")] = 1,
     params: EngineParams = EngineParams(),
     spec: SpecOptions = SpecOptions(),
 ) -> None:
@@ -80,10 +85,13 @@ def serve(
     Example: hybrid serve smollm2 --port 8080
     """
     key = _api_key(api_key, api_key_file)
-    spec.kind  # usage errors before anything loads
+    if spec.kind != "none" and n_parallel > 1:  # usage errors before anything loads
+        raise typer.BadParameter("speculative decoding (--spec-type, -md) runs with one slot: give -np 1",
+                                 param_hint="'-np'")
     path = resolve_model(model, cache_dir(), command="serve")
     config = ServerConfig(alias=alias or path.stem, api_key=key, cache_ram=parse_size(cache_ram),
-                          reasoning_format=reasoning_format, chat_template=chat_template)
+                          reasoning_format=reasoning_format, chat_template=chat_template,
+                          n_parallel=n_parallel)
     state = ServerState(config)
     from hybrid.server.running import HttpThread, work  # noqa: PLC0415 - uvicorn: only `serve` needs it
 
@@ -97,8 +105,8 @@ def serve(
         engine.warmup()
         state.attach(engine)
         kv = state.prompt_cache.cache
-        print(f"hybrid serve: {config.alias} at {http.url}/v1 (chat page {http.url}/), one slot of {kv.n_ctx} tokens "
-              f"(KV cache {format_size(kv.nbytes)}; prompt cache up to {format_size(config.cache_ram)} of RAM), "
+        print(f"hybrid serve: {config.alias} at {http.url}/v1 (chat page {http.url}/), {_slots(n_parallel)} of {kv.n_ctx} tokens "
+              f"(KV cache {format_size(kv.nbytes * n_parallel)}; prompt cache up to {format_size(config.cache_ram)} of RAM), "
               f"chat template {state.template.name}{', API key required' if key else ''}"
               f"{'; speculative decoding: ' + spec.kind if state.speculator else ''}; Ctrl-C stops",
               flush=True)

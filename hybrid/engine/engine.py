@@ -6,7 +6,7 @@ token at a time. Per-conversation state (the KV cache) is passed in, never kept 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +23,7 @@ from hybrid.backends.repack import repack_weights
 from hybrid.engine.params import EngineParams
 from hybrid.errors import ContextTooLarge, HybridError
 from hybrid.engine.lazy_rows import LazyRows
+from hybrid.kv.batch import KVBatch
 from hybrid.kv.cache import KVCache
 from hybrid.kv.types import check_kv_types
 from hybrid.model import forward
@@ -80,11 +81,20 @@ class Engine:
                              gpu, gpu.upload)
                 gpu.host_experts.min_batch = None if p.op_offload else 0  # --no-op-offload: experts on the CPU
                 moe_ram = [engine.weights.layers[lp.index] for lp in engine.placement.layers if lp.experts_on_cpu]
-                if moe_ram and p.op_offload:  # big batches upload their experts by DMA from the locked pages
+                cache = engine.placement.moe_cache  # --moe-cache: its uploads read the locked pages too
+                if moe_ram and (p.op_offload or cache.on):  # big batches upload their experts by DMA from them
                     why = gpu.host_experts.register(moe_ram)
                     if why and progress:
                         progress(f"warning: experts in RAM could not be page-locked ({why}); big batches stage "
                                  f"their uploads through pinned buffers")
+                if cache.note:
+                    from hybrid.backends.moe_cache.runtime import attach_expert_cache  # noqa: PLC0415
+
+                    line = attach_expert_cache(gpu, cache, {il: engine.weights.layers[il] for il in cache.layers},
+                                               engine.spec, engine.config, p.moe_cache_policy,
+                                               None if p.moe_cache_inserts < 0 else p.moe_cache_inserts)
+                    if progress:
+                        progress(line)
                 if progress:
                     pl = engine.placement
                     progress(f"offloaded {pl.n_gpu_layers}/{engine.config.n_layer + 1} layers to the GPU "
@@ -97,6 +107,7 @@ class Engine:
                 engine.op_offload = make_op_offload(engine.backends, engine.output_backend, engine.config,
                                                     engine.gguf.tensors, p.n_ctx, p.n_ubatch, p.type_k, p.type_v,
                                                     p.flash_attn, p.vram_budget, progress)
+                engine._lock_offloaded_experts(progress)
             if on_placed is not None:
                 on_placed(engine)
             if engine.repacks:
@@ -151,6 +162,21 @@ class Engine:
             self.weights.output = upload(self.weights.output)
             self.weights.output_norm = upload(self.weights.output_norm)
             self.output_backend = gpu
+
+    def _lock_offloaded_experts(self, progress: Progress) -> None:
+        """With op offload, page-lock the CPU layers' routed experts in place (as --mlock would), so that a big
+        batch uploads the experts it uses by DMA from them, on a copy stream ahead of the kernels
+        (HostExperts.run_uploaded), instead of staging pageable copies through pinned buffers."""
+        if self.op_offload is None:
+            return
+        layers = [self.weights.layers[il] for il, be in enumerate(self.backends)
+                  if isinstance(be, CpuBackend) and "ffn_gate_exps" in self.weights.layers[il]]
+        if not layers:
+            return
+        why = self.op_offload.gpu.host_experts.register(layers)
+        if why and progress:
+            progress(f"warning: the CPU layers' experts could not be page-locked ({why}); big batches stage their "
+                     f"uploads through pinned buffers")
 
     @property
     def repacks(self) -> bool:
@@ -259,6 +285,40 @@ class Engine:
         cache.n_past += n
         logits = np.concatenate(out, axis=0)
         return logits[-1] if logits_from is None else logits
+
+    def eval_batch(self, seqs: Sequence[tuple[Sequence[int], KVCache]],
+                   want: Sequence[bool] | None = None) -> list[np.ndarray | None]:
+        """One step over a ragged batch: seqs[i] = (tokens, cache), its tokens appended at cache.n_past..; each
+        cache at most once. Everything but attention runs once over the stacked rows (the matmuls read each weight
+        once for the whole batch), attention per sequence through its own cache (hybrid.kv.batch). Returns, per
+        sequence, the last token's logits (n_vocab,) float32, or None where want[i] is False. A single sequence
+        takes eval's path (fused forms, CUDA graphs); several run op by op on the GPU, eagerly."""
+        want = [True] * len(seqs) if want is None else list(want)
+        if len({id(c) for _, c in seqs}) != len(seqs):
+            raise HybridError("eval_batch: a KV cache appears twice in one batch")
+        toks = [np.asarray(t, dtype=np.int64) for t, _ in seqs]
+        for t, (_, cache) in zip(toks, seqs):
+            self._check(t, cache)
+        if len(seqs) == 1:
+            logits = self.eval(toks[0], seqs[0][1])
+            return [logits if want[0] else None]
+        out: list[np.ndarray | None] = [None] * len(seqs)
+        for piece in _ubatches([len(t) for t in toks], self.params.n_ubatch):  # [(seq, first, end)] per ubatch
+            caches = [seqs[i][1] for i, _, _ in piece]
+            tokens = np.concatenate([toks[i][a:b] for i, a, b in piece])
+            positions = np.concatenate([np.arange(c.n_past + a, c.n_past + b, dtype=np.int32)
+                                        for c, (_, a, b) in zip(caches, piece)])
+            h, where = self._layers(tokens, positions, KVBatch.of(caches, [b - a for _, a, b in piece]))
+            ends = np.cumsum([b - a for _, a, b in piece]) - 1  # each sequence's last row in this ubatch
+            rows = [(r, i) for r, (i, _, b) in zip(ends, piece) if b == len(toks[i]) and want[i]]
+            if rows:
+                last = where.take_rows(h, np.array([r for r, _ in rows], dtype=np.int64))
+                logits = self._logits(last, where)  # (len(rows), n_vocab)
+                for j, (_, i) in enumerate(rows):
+                    out[i] = logits[j]
+        for t, (_, cache) in zip(toks, seqs):
+            cache.n_past += len(t)
+        return out
 
     @property
     def _graphs(self) -> bool:
@@ -387,6 +447,24 @@ class Engine:
             else:
                 x = run(x, np.arange(cache.n_past, cache.n_past + n, dtype=np.int32))
         return forward.softcap(cfg, x)
+
+
+def _ubatches(lengths: list[int], ub: int) -> list[list[tuple[int, int, int]]]:
+    """Sequences of `lengths` tokens, stacked in order, cut into micro-batches of at most ub rows:
+    [[(sequence, first token, end token), ...] per micro-batch]."""
+    out: list[list[tuple[int, int, int]]] = [[]]
+    room = ub
+    for i, n in enumerate(lengths):
+        a = 0
+        while a < n:
+            if room == 0:
+                out.append([])
+                room = ub
+            b = min(n, a + room)
+            out[-1].append((i, a, b))
+            room -= b - a
+            a = b
+    return out
 
 
 def _runs(backends: list) -> list[tuple[int, int, object]]:

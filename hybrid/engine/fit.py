@@ -19,6 +19,7 @@ from hybrid.engine.params import EngineParams
 from hybrid.errors import PlacementError
 from hybrid.model import forward
 from hybrid.plan.budget import plan_for
+from hybrid.plan.moe_cache import fixed_part
 from hybrid.plan.overrides import cpu_moe_overrides
 from hybrid.plan.placement import PlacementPlan
 from hybrid.plan.probe import (DEFAULT_MARGIN_BYTES, CeilingSearch, Prediction, Recommendation, bisect_ceiling,
@@ -74,10 +75,11 @@ def try_fit(path, params: EngineParams, ngl: int, budget_bytes: int) -> FitAttem
         return FitAttempt(ngl, fits, int(pool.total_bytes()), error, round(time.perf_counter() - t0, 2))
 
     try:
-        engine = Engine.open(path, params)
+        engine = Engine.open(path, _fixed_cache(params))
         placement = plan_for(engine.config, engine.gguf.tensors, _UNLIMITED, ngl, engine.params.plan_inputs())
         gpu = GpuBackend()
-        gpu.limit_memory(max(0, budget_bytes - placement.overhead_bytes))  # op offload's buffers are in it
+        # op offload's buffers are in the overhead; an explicit --moe-cache is kept out of the pool (not allocated)
+        gpu.limit_memory(max(0, budget_bytes - placement.overhead_bytes - placement.moe_cache.bytes))
         engine.place(placement, gpu, gpu.alloc_like)
         cache = engine.new_cache()
         run_gpu_layers(engine, cache, np.random.default_rng(0), engine.params.n_ubatch)  # prefill micro-batch
@@ -97,6 +99,12 @@ def try_fit(path, params: EngineParams, ngl: int, budget_bytes: int) -> FitAttem
         del engine
         pool.free_all_blocks()
         cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def _fixed_cache(params: EngineParams) -> EngineParams:
+    """params whose --moe-cache is what a plan reserves before it places layers: `auto` sizes the cache from what
+    the chosen plan leaves (hybrid probe reports it), so the search for -ngl / --n-cpu-moe plans without it."""
+    return replace(params, moe_cache=fixed_part(params.moe_cache))
 
 
 def run_gpu_layers(engine: Engine, cache, rng: np.random.Generator, n_tokens: int) -> None:
@@ -121,8 +129,9 @@ def probe_ngl(config: ModelConfig, tensors: Mapping, params: EngineParams, budge
     """Predict the largest -ngl from the plan (params' n_ctx, KV types, -ub, op offload), find the real ceiling
     with fit(ngl) (e.g. `lambda n: try_fit(path, params, n, budget)`; None: no measurement, the prediction
     stands), and recommend the largest -ngl <= ceiling whose plan leaves margin_bytes of headroom. Every plan
-    here is `plan_for` of these params: the bytes `hybrid run` with the same flags shows. on_attempt sees each
-    attempt as it ends (progress lines)."""
+    here is `plan_for` of these params: the bytes `hybrid run` with the same flags shows (an `auto` expert cache
+    left out: it takes what the recommendation leaves). on_attempt sees each attempt as it ends (progress lines)."""
+    params = _fixed_cache(params)
     inputs = params.plan_inputs(params.n_ctx or config.n_ctx_train)
 
     pred = predict_max_ngl(config, tensors, budget_bytes, inputs)
@@ -185,6 +194,7 @@ def probe_n_cpu_moe(config: ModelConfig, tensors: Mapping, params: EngineParams,
     plan `hybrid run` accepts (so the measured minimum runs, and one below it is refused in one line), and
     recommended as the smallest N at or above it whose plan leaves margin_bytes of headroom."""
     n_layer = config.n_layer
+    params = _fixed_cache(params)  # as probe_ngl: an `auto` expert cache takes what the recommendation leaves
     inputs_of = lambda m: _with_n_cpu_moe(params, n_layer - m).plan_inputs(params.n_ctx or config.n_ctx_train)  # noqa: E731
 
     def plan_m(m: int) -> PlacementPlan:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybrid.plan.budget import Ngl, PlanInputs, parse_ngl
+from hybrid.plan.moe_cache import DEFAULT_INSERTS, DEFAULT_POLICY, MOE_CACHE_OFF, MoeCacheRequest, parse_moe_cache
 from hybrid.plan.overrides import Override
 
 
@@ -29,12 +30,18 @@ class EngineParams:
     repack: bool = True  # --no-repack: False keeps the CPU layers' matrices as in the file (backends/repack.py)
     # -ot/--override-tensor, --cpu-moe, --n-cpu-moe as one ordered list (hybrid.plan.overrides.build_overrides)
     overrides: tuple[Override, ...] = ()
+    # --moe-cache: a GPU cache of the hot routed experts of GPU layers whose experts stay in RAM (off by default;
+    # hybrid/plan/moe_cache.py, hybrid/backends/moe_cache/runtime.py), its policy and its uploads a layer a step
+    moe_cache: MoeCacheRequest = MOE_CACHE_OFF
+    moe_cache_policy: str = DEFAULT_POLICY
+    moe_cache_inserts: int = DEFAULT_INSERTS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "n_gpu_layers", parse_ngl(self.n_gpu_layers))
+        object.__setattr__(self, "moe_cache", parse_moe_cache(self.moe_cache))
 
     def plan_inputs(self, n_ctx: int | None = None) -> PlanInputs:
         """The flags that decide the placement's bytes (n_ctx: the resolved context when params.n_ctx is 0)."""
         return PlanInputs(n_ctx=n_ctx or self.n_ctx, n_ubatch=min(self.n_ubatch, self.n_batch), type_k=self.type_k,
                           type_v=self.type_v, flash_attn=self.flash_attn, op_offload=self.op_offload,
-                          overrides=self.overrides)
+                          overrides=self.overrides, moe_cache=self.moe_cache)

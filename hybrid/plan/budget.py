@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 from gguf_io import ModelConfig
 
+from hybrid.plan.moe_cache import MOE_CACHE_OFF, MoeCacheRequest
 from hybrid.plan.overrides import Override
-from hybrid.plan.placement import (GEMM_CHUNK_ELEMENTS, GPU_OVERHEAD_BYTES, Ngl, PlacementPlan, kv_bytes_per_cell, parse_ngl, plan,
-                                  scratch_bytes)
+from hybrid.plan.placement import (GEMM_CHUNK_ELEMENTS, GPU_OVERHEAD_BYTES, HOST_STAGING_SLOTS, Ngl, PlacementPlan,
+                                   kv_bytes_per_cell, parse_ngl, plan, scratch_bytes)
 from hybrid.system.sizes import MiB
 
 STREAM_SLOTS = 3  # op offload's device slots: one read by the kernels, one being filled, one spare to run ahead
@@ -29,6 +30,7 @@ class PlanInputs:
     flash_attn: bool = True
     op_offload: bool = False  # streamed prefill of CPU layers: its buffers count where layers stay on the CPU
     overrides: tuple[Override, ...] = ()  # -ot, --cpu-moe, --n-cpu-moe (hybrid.plan.overrides), tried in order
+    moe_cache: MoeCacheRequest = MOE_CACHE_OFF  # --moe-cache (hybrid.plan.moe_cache)
 
 
 def row_pieces(n_rows: int, row_bytes: int, max_bytes: int = STREAM_PIECE_MAX_BYTES) -> list[tuple[int, int]]:
@@ -51,13 +53,15 @@ def slot_bytes(tensors: Mapping, max_piece: int = STREAM_PIECE_MAX_BYTES) -> int
 def op_offload_bytes(config: ModelConfig, tensors: Mapping, n_ctx: int, n_ubatch: int, type_k: str = "f16",
                      type_v: str = "f16", flash_attn: bool = True, n_gpu_layers: int = 2) -> int:
     """VRAM op offload needs beyond the plan of -ngl n_gpu_layers: STREAM_SLOTS slots, one layer's KV cache
-    uploaded for attention, the 1-D weights (norms, biases; uploaded once), one run of MoE experts (the experts
-    a batch uses are uploaded in runs of as many as one dequantized fp16 chunk holds), and the compute buffers of a layer and the output layer on the GPU where that plan lacks them:
+    uploaded for attention, the 1-D weights (norms, biases; uploaded once), HOST_STAGING_SLOTS runs of MoE experts
+    (the experts a batch uses are uploaded in runs of as many as one dequantized fp16 chunk holds, into a ring of
+    slots filled ahead of the kernels: HostExperts.run_uploaded), and the compute buffers of a layer and the output layer on the GPU where that plan lacks them:
     all of them and the fixed overhead at -ngl 0 (nothing is on the GPU), a layer's at -ngl 1 (the output only)."""
     vectors = sum(t.nbytes for t in tensors.values() if len(t.shape) == 1)
     expert = max((t.nbytes // t.shape[0] * min(t.shape[0], max(1, GEMM_CHUNK_ELEMENTS // (t.shape[1] * t.shape[2])))
                   for t in tensors.values() if len(t.shape) == 3 and t.shape[0]), default=0)
-    need = STREAM_SLOTS * slot_bytes(tensors) + n_ctx * kv_bytes_per_cell(config, type_k, type_v) + vectors + expert
+    need = (STREAM_SLOTS * slot_bytes(tensors) + n_ctx * kv_bytes_per_cell(config, type_k, type_v) + vectors
+            + HOST_STAGING_SLOTS * expert)
     ngl = max(0, min(2, n_gpu_layers))
     need += (scratch_bytes(config, n_ctx, n_ubatch, flash_attn, 2).total
              - scratch_bytes(config, n_ctx, n_ubatch, flash_attn, ngl).total)
@@ -82,4 +86,4 @@ def plan_for(config: ModelConfig, tensors: Mapping, budget_bytes: int | None, ng
     sliding-window layers too (llama.cpp's swa_full)."""
     return plan(config, tensors, budget_bytes, parse_ngl(ngl), inputs.n_ctx, inputs.type_k, inputs.type_v,
                 inputs.n_ubatch, inputs.flash_attn, overrides=inputs.overrides, swa_full=True,
-                overhead_bytes=overhead_bytes(config, tensors, inputs, ngl))
+                overhead_bytes=overhead_bytes(config, tensors, inputs, ngl), moe_cache=inputs.moe_cache)

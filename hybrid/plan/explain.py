@@ -59,6 +59,10 @@ def plan_rows(plan: PlacementPlan, collapse: bool = False) -> ExplainTable:
         s = plan.scratch
         rows.append(ExplainRow("compute buffers", "gpu", s.total, 0, _buffers(s)))
         rows.append(ExplainRow("overhead", "gpu", plan.overhead_bytes, 0, "CUDA context, workspaces"))
+    if plan.moe_cache.on:
+        c = plan.moe_cache
+        where = _layers([l for l in plan.layers if l.index in c.layers])
+        rows.append(ExplainRow("expert cache", "gpu", c.bytes, 0, f"--moe-cache: {c.slots} slots a layer, {where}"))
     rows_t = tuple(rows)
     return ExplainTable(
         rows_t,
@@ -140,6 +144,8 @@ def reasons(plan: PlacementPlan, next_parts: tuple[int, ...] | None = None) -> t
     given = [str(o) for o in p.overrides if o.explicit]
     if given:
         out.append(f"-ot, tried in order before --cpu-moe / --n-cpu-moe: {'; '.join(given)}")
+    if p.moe_cache.note:
+        out.append(p.moe_cache.note)
     if k >= 1:
         out.append(f"compute buffers {format_size(p.scratch.total)} ({_buffers(p.scratch)}) "
                    f"+ overhead {format_size(p.overhead_bytes)}")

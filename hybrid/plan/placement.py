@@ -22,6 +22,7 @@ from gguf_io import ModelConfig
 from hybrid.errors import HybridError, PlacementError, UnsupportedPlacement
 from hybrid.kv.types import check_kv_types, kv_row_bytes
 from hybrid.plan.explain import reasons
+from hybrid.plan.moe_cache import MOE_CACHE_OFF, MoeCachePlan, MoeCacheRequest, resolve
 from hybrid.plan.overrides import CPU_DEVICE, GPU_DEVICE, Override, cpu_moe_overrides, resolve_all
 from hybrid.system.sizes import MiB, format_pair, format_size
 
@@ -145,6 +146,7 @@ class PlacementPlan:
     flash_attn: bool
     overrides: tuple[Override, ...]  # -ot, --cpu-moe, --n-cpu-moe in the order they are tried
     reasons: tuple[str, ...]
+    moe_cache: MoeCachePlan = MoeCachePlan()  # --moe-cache: the GPU cache of hot experts (hybrid/plan/moe_cache.py)
 
     @property
     def n_layer(self) -> int:
@@ -165,7 +167,8 @@ class PlacementPlan:
 
     @property
     def gpu_total_bytes(self) -> int:
-        return self.gpu_weight_bytes + self.gpu_kv_bytes + self.scratch.total + self.overhead_bytes
+        return (self.gpu_weight_bytes + self.gpu_kv_bytes + self.scratch.total + self.overhead_bytes
+                + self.moe_cache.bytes)
 
     @property
     def cpu_total_bytes(self) -> int:
@@ -364,14 +367,16 @@ def _chunk_bytes(n_in: int, n_out: int) -> int:
 def plan(config: ModelConfig, tensors: Mapping, budget_bytes: int | None, ngl: int | str, n_ctx: int,
          type_k: str = "f16", type_v: str = "f16", n_ubatch: int = 512, flash_attn: bool = True, *,
          overrides: tuple[Override, ...] = (), n_cpu_moe: int = 0, swa_full: bool = False,
-         overhead_bytes: int = GPU_OVERHEAD_BYTES) -> PlacementPlan:
+         overhead_bytes: int = GPU_OVERHEAD_BYTES, moe_cache: MoeCacheRequest = MOE_CACHE_OFF) -> PlacementPlan:
     """The placement for `ngl` (an int >= 0, "all", or "auto": the largest that fits `budget_bytes`).
 
     `tensors` maps names to objects with `.nbytes` (GGUFFile.tensors). budget None means no GPU (0 bytes).
     `overrides` (hybrid.plan.overrides, tried in order, first match wins) move tensors off their layer's device:
     a GPU layer's routed experts to the CPU (`n_cpu_moe` adds --n-cpu-moe's overrides after them); other moves
-    are refused with a PlacementError naming the tensor. Raises PlacementError (one line, with the numbers) when
-    the requested layers do not fit, ValueError for arguments out of range (unknown KV type, n_ctx < 1, ...).
+    are refused with a PlacementError naming the tensor. `moe_cache` (--moe-cache): an explicit size is reserved
+    like the layers' bytes (it counts in what fits); auto takes the headroom left after them. Raises
+    PlacementError (one line, with the numbers) when the requested layers do not fit, ValueError for arguments out
+    of range (unknown KV type, n_ctx < 1, ...).
     """
     budget = 0 if budget_bytes is None else int(budget_bytes)
     type_k, type_v = check_kv_types(type_k, type_v)
@@ -381,19 +386,21 @@ def plan(config: ModelConfig, tensors: Mapping, budget_bytes: int | None, ngl: i
     overrides = tuple(overrides) + cpu_moe_overrides(n_cpu_moe=n_cpu_moe)
     costs = _Costs(config, tensors, n_ctx, type_k, type_v, n_ubatch, flash_attn, overrides, swa_full, overhead_bytes)
     n_max = config.n_layer + 1
+    caches = [costs.moe_cache(k, moe_cache) for k in range(n_max + 1)]  # an explicit cache: off for auto here
     totals = [costs.gpu_parts(k) for k in range(n_max + 1)]
-    max_fit = max(k for k in range(n_max + 1) if sum(totals[k]) <= budget)  # k = 0 costs nothing: always fits
+    max_fit = max(k for k in range(n_max + 1) if sum(totals[k]) + caches[k].bytes <= budget)  # k = 0 always fits
     k = _resolve_ngl(ngl, n_max, max_fit)
     # `auto` plans for the pool's high-water mark (the peak of live buffers and the slack); an explicit -ngl is
     # refused only when it cannot run, i.e. when even the buffers alive at once (a lower bound of what the pool
     # must hold) do not fit. Between the two the device decides: the slack depends on which blocks the allocator
     # happened to split, and `hybrid probe` measures it; its measured ceiling must not be refused here.
     w, kv, _, overhead = totals[k]
-    least = (w, kv, costs.scratch(k).peak, overhead)
+    least = (w + caches[k].bytes, kv, costs.scratch(k).peak, overhead)
     if sum(least) > budget:
         raise PlacementError(_too_big(k, least, budget, max_fit))
     costs.check_overrides(k)
-    return costs.build(k, max_fit, ngl, budget, totals[k], totals[k + 1] if k < n_max else None)
+    cache = caches[k] if moe_cache.kind != "auto" else costs.moe_cache(k, moe_cache, budget - sum(totals[k]))
+    return costs.build(k, max_fit, ngl, budget, totals[k], totals[k + 1] if k < n_max else None, cache)
 
 
 def _resolve_ngl(ngl: Ngl, n_max: int, max_fit: int) -> int:
@@ -507,6 +514,14 @@ class _Costs:
                                  f"(-ngl) and a GPU layer's routed experts to the CPU (-ot '...ffn_.*_exps=CPU', "
                                  f"--cpu-moe, --n-cpu-moe)")
 
+    def moe_cache(self, k: int, req: MoeCacheRequest, left: int | None = None) -> MoeCachePlan:
+        """The expert cache of `req` at -ngl k over its GPU layers with experts in RAM (auto: from `left` bytes;
+        without them, off)."""
+        if req.kind == "off" or (req.kind == "auto" and left is None):
+            return MoeCachePlan()
+        host = [il for il in range(self.config.n_layer) if self.on_gpu(il, k) and self.cpu_moe[il] and self.experts[il]]
+        return resolve(req, self.tensors, host, self.config.n_expert, self.config.n_expert_used, left)
+
     def scratch(self, k: int) -> ScratchEstimate:
         n_ctx, _, _, n_ubatch, flash_attn, _ = self.settings
         max_cells = max((self.cells[il] for il in range(self.config.n_layer) if self.on_gpu(il, k)), default=0)
@@ -514,7 +529,8 @@ class _Costs:
         host = [il for il in range(self.config.n_layer) if self.on_gpu(il, k) and self.cpu_moe[il]]
         return replace(s, staging=host_staging_bytes(self.tensors, host)) if host else s
 
-    def build(self, k: int, max_fit: int, requested, budget: int, parts, next_parts) -> PlacementPlan:
+    def build(self, k: int, max_fit: int, requested, budget: int, parts, next_parts,
+              cache: MoeCachePlan = MoeCachePlan()) -> PlacementPlan:
         n_ctx, type_k, type_v, n_ubatch, flash_attn, overrides = self.settings
         layers = tuple(
             LayerPlacement(il, GPU if self.on_gpu(il, k) else CPU, self.weights[il], self.experts[il],
@@ -530,5 +546,6 @@ class _Costs:
         cpu_w = self.embedding + self.other + sum(l.cpu_weight_bytes for l in layers) + (out_bytes if k == 0 else 0)
         cpu_kv = sum(l.kv_bytes for l in layers if l.device == CPU)
         p = PlacementPlan(layers, output, self.embedding, self.other, k, max_fit, requested, budget, weights, kv,
-                          scratch, overhead, cpu_w, cpu_kv, n_ctx, type_k, type_v, n_ubatch, flash_attn, overrides, ())
+                          scratch, overhead, cpu_w, cpu_kv, n_ctx, type_k, type_v, n_ubatch, flash_attn, overrides, (),
+                          cache)
         return replace(p, reasons=reasons(p, next_parts))

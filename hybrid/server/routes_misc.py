@@ -33,7 +33,7 @@ async def models(request: Request):
 
 async def props(request: Request):
     state = request.app.state.server
-    return JSONResponse({"model_alias": state.config.alias, "total_slots": 1,
+    return JSONResponse({"model_alias": state.config.alias, "total_slots": state.config.n_parallel,
                          "n_ctx": state.prompt_cache.cache.n_ctx, "chat_template": state.template.source,
                          "reasoning_format": state.config.reasoning_format})
 
@@ -78,14 +78,22 @@ async def apply_template(request: Request):
 async def metrics(request: Request):
     state = request.app.state.server
     pc = state.prompt_cache
+    sched = state.scheduler
+    pcs = [s.pc for s in sched.slots] if sched is not None else ([] if pc is None else [pc])
     gauges = {
-        "requests_processing": (state.slots.running, "Generations running in the slot (0 or 1)."),
-        "requests_deferred": (state.slots.waiting, "Requests waiting for the slot."),
-        "kv_cache_tokens": (pc.cache.n_past if pc else 0, "Tokens the slot's KV cache holds."),
-        "n_ctx": (pc.cache.n_ctx if pc else 0, "The slot's context size in tokens."),
-        "prompt_cache_ram_bytes": (pc.saved_bytes if pc else 0, "Host RAM held by saved prompt states."),
+        "requests_processing": (state.slots.running, "Generations running in the slots."),
+        "requests_deferred": (state.slots.waiting, "Requests waiting for a free slot."),
+        "slots_total": (state.config.n_parallel, "Generation slots (-np)."),
+        "slots_busy": (len(sched.running) if sched is not None else state.slots.running,
+                       "Slots running a generation (the rest are in the free pool)."),
+        "kv_cache_busy_cells": (sched.busy_cells if sched is not None else
+                                (pc.cache.n_past if pc and state.slots.running else 0),
+                                "KV cells held by running generations."),
+        "kv_cache_tokens": (sum(p.cache.n_past for p in pcs), "Tokens the slots' KV caches hold (kept for reuse)."),
+        "n_ctx": (pc.cache.n_ctx if pc else 0, "A slot's context size in tokens."),
+        "prompt_cache_ram_bytes": (sum(p.saved_bytes for p in pcs), "Host RAM held by saved prompt states."),
         "prompt_cache_ram_limit_bytes": (state.config.cache_ram, "The --cache-ram bound."),
-        "prompt_cache_entries": (len(pc.saved) if pc else 0, "Saved prompt states."),
+        "prompt_cache_entries": (sum(len(p.saved) for p in pcs), "Saved prompt states."),
     }
     return PlainTextResponse(M.render(state.metrics, gauges), media_type="text/plain; version=0.0.4")
 

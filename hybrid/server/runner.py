@@ -123,18 +123,25 @@ def run_job(state, job: Job) -> None:
     if finish is None:
         full = pc.cache.n_past >= pc.cache.n_ctx
         finish = "length" if (len(produced) == req.max_tokens or full) else "stop"
+    close_job(state, job, out, finish, len(produced), n_cached, timings, cancelled, spec)
+
+
+def close_job(state, job: Job, out: Output, finish: str, n_produced: int, n_cached: int, timings: Timings,
+              cancelled: bool, spec: SpecStats | None = None) -> None:
+    """A generation's end: flush the held-back text, count it in /metrics, post the Final (usage and timings)."""
+    n_prompt = len(job.prompt_ids)
     calls = out.finish()
     if calls:
         finish = "tool_calls"
     gen_ms = timings.eval_ms + timings.sample_ms
     state.metrics.add(prompt_tokens=timings.prompt_tokens, prompt_seconds=timings.prompt_ms / 1000,
-                      predicted_tokens=len(produced), predicted_seconds=gen_ms / 1000, requests=1,
+                      predicted_tokens=n_produced, predicted_seconds=gen_ms / 1000, requests=1,
                       cancelled=int(cancelled), cache_queries=1, cache_hits=int(n_cached > 0), cache_tokens=n_cached)
-    usage = {"prompt_tokens": len(ids), "completion_tokens": len(produced), "total_tokens": len(ids) + len(produced),
+    usage = {"prompt_tokens": n_prompt, "completion_tokens": n_produced, "total_tokens": n_prompt + n_produced,
              "prompt_tokens_details": {"cached_tokens": n_cached}}
     if spec is not None:
         state.metrics.add(draft_tokens=spec.drafted, draft_accepted=spec.accepted)
-    job.post(Final(finish, calls, usage, llama_timings(n_cached, timings, len(produced), gen_ms, spec)))
+    job.post(Final(finish, calls, usage, llama_timings(n_cached, timings, n_produced, gen_ms, spec)))
 
 
 def llama_timings(n_cached: int, t: Timings, n_predicted: int, gen_ms: float, spec: SpecStats | None = None) -> dict:

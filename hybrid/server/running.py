@@ -11,6 +11,7 @@ import time
 import uvicorn
 
 from hybrid.server.app import build_app
+from hybrid.server.batch_worker import serve_batched
 from hybrid.server.runner import run_job
 from hybrid.server.slot import serve_jobs
 from hybrid.system.threads import setup_threads
@@ -51,9 +52,12 @@ class HttpThread:
 
 
 def work(state, stop: threading.Event) -> None:
-    """The generation worker: the slot's jobs, one at a time, until `stop` is set."""
+    """The generation worker until `stop` is set: the slot's jobs one at a time, or (-np > 1) batched."""
     setup_threads(state.engine.params.n_threads, pin=False)  # Numba's thread count is per calling thread
-    serve_jobs(state.slots, functools.partial(run_job, state), stop)
+    if state.scheduler is not None:
+        serve_batched(state, state.scheduler, stop)
+    else:
+        serve_jobs(state.slots, functools.partial(run_job, state), stop)
 
 
 class BackgroundServer:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from hybrid.generate.loop import generate
 from hybrid.server.metrics import Metrics
 from hybrid.server.prompt_cache import PromptCache
+from hybrid.server.scheduler import BatchScheduler
 from hybrid.server.slot import SlotQueue
 from hybrid.text.chat_template import ChatTemplate, choose_template
 
@@ -24,6 +25,7 @@ class ServerConfig:
     reasoning_format: str = "deepseek"  # none | deepseek | auto
     chat_template: str | None = None  # a built-in name or a jinja2 file (None: the GGUF's)
     max_body: int = DEFAULT_MAX_BODY
+    n_parallel: int = 1  # -np: slots; above 1, continuous batching (server/scheduler.py), the context split evenly
 
 
 @dataclass
@@ -36,6 +38,7 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     generate: Callable = generate  # hybrid.generate.loop.generate; tests may script the model's tokens
     speculator: object = None  # hybrid.generate.speculative.Speculator (--spec-type, -md); None: plain decoding
+    scheduler: BatchScheduler | None = None  # -np > 1: the slots and their batching; None: the single slot
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -43,7 +46,14 @@ class ServerState:
         return self.engine is not None
 
     def attach(self, engine) -> None:
-        """The loaded engine: its chat template chosen and the slot's KV cache made."""
+        """The loaded engine: its chat template chosen and the slots' KV caches made (-np N: N caches of n_ctx / N
+        cells; prompt_cache is then the first slot's, which says the per-slot context)."""
         self.template = choose_template(engine.gguf.metadata, engine.config.arch, self.config.chat_template)
-        self.prompt_cache = PromptCache(engine.new_cache(), self.config.cache_ram)
+        c = self.config
+        if c.n_parallel > 1:
+            self.scheduler = BatchScheduler(engine, c.n_parallel, engine.params.n_batch,
+                                            engine.params.n_ctx // c.n_parallel, c.cache_ram)
+            self.prompt_cache = self.scheduler.slots[0].pc
+        else:
+            self.prompt_cache = PromptCache(engine.new_cache(), c.cache_ram)
         self.engine = engine

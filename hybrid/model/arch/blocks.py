@@ -21,6 +21,8 @@ def layer_forward(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], i
     spec = layer_spec(spec, cfg, il, lw)  # a leading dense layer of a MoE model runs as a dense one
     # the fused attention forms know neither MLA nor YaRN, attention sinks nor an output bias
     plain = not (spec.mla or cfg.rope_yarn or spec.attn_sinks or spec.o_bias)
+    if spec.mla and getattr(kv, "seqs", None) is not None:  # a ragged batch (see attend): MLA's cache is not
+        raise NotImplementedError("a batch of several sequences through an MLA layer (deepseek2)")
     a = be.fused_attention(spec, cfg, lw, il, x, positions, kv) if plain else None
     if a is None:
         h = be.rms_norm(x, lw["attn_norm"].raw, eps)
@@ -70,13 +72,29 @@ def attention_block(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight],
     if not spec.q_scale_in_attention:  # gemma3 scales q before attention and uses a unit kq scale
         q = be.scale(q, kq_scale)
         kq_scale = 1.0
-    be.kv_store(kv, il, k, v, positions)
-    if spec.attn_sinks:  # (n, n_head, hd_v)
-        o = be.attention(q, kv, il, positions, kq_scale, n_swa, sinks=lw["attn_sinks"].raw)
-    else:
-        o = be.attention(q, kv, il, positions, kq_scale, n_swa)
+    sinks = lw["attn_sinks"].raw if spec.attn_sinks else None
+    o = attend(be, kv, il, q, k, v, positions, kq_scale, n_swa, sinks)  # (n, n_head, hd_v)
     out = be.matmul(lw["attn_output"], o.reshape(n, cfg.n_head * hd_v))
     return out + lw["attn_output.bias"].raw if spec.o_bias else out
+
+
+def attend(be, kv, il: int, q, k, v, positions: np.ndarray, kq_scale: float, n_swa: int, sinks=None):
+    """Store k, v and attend q (n, n_head, hd_k) -> (n, n_head, hd_v). kv is one sequence's KVCache, or a ragged
+    batch (hybrid.kv.batch.KVBatch: it has `seqs`, each a cache and its rows of the stacked batch): then each
+    sequence stores and attends through its own cache, one call per sequence."""
+    seqs = getattr(kv, "seqs", None)
+    if seqs is None:
+        be.kv_store(kv, il, k, v, positions)
+        if sinks is None:
+            return be.attention(q, kv, il, positions, kq_scale, n_swa)
+        return be.attention(q, kv, il, positions, kq_scale, n_swa, sinks=sinks)
+    out = be.zeros((q.shape[0], q.shape[1], v.shape[2]))
+    extra = {} if sinks is None else {"sinks": sinks}
+    for s in seqs:
+        a, b = s.start, s.end
+        be.kv_store(s.cache, il, k[a:b], v[a:b], positions[a:b])
+        out[a:b] = be.attention(q[a:b], s.cache, il, positions[a:b], kq_scale, n_swa, **extra)
+    return out
 
 
 def ffn(be, spec: ArchSpec, lw: dict[str, Weight], h: np.ndarray) -> np.ndarray:

@@ -1,0 +1,105 @@
+"""The generation worker of `hybrid serve -np N` (N > 1): queued jobs enter free slots of the BatchScheduler as they
+come, every step advances all of them at once, and each job's tokens go through its own Output (the text filters
+of the single slot, runner.Output) to its client. A job whose client left is released within one step; a failed
+step fails the jobs it held and frees their slots. Speculative decoding stays on the single-slot path (-np 1)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from hybrid.errors import HybridError
+from hybrid.server.runner import Output, close_job, logprob_entry
+from hybrid.server.scheduler import BatchScheduler, Event, Request, Seq
+from hybrid.server.slot import Failure, Job
+from hybrid.text.harmony import is_harmony
+
+
+@dataclass
+class Running:
+    job: Job
+    out: Output
+    seq: Seq
+
+
+def serve_batched(state, sched: BatchScheduler, stop: threading.Event, poll_s: float = 0.2) -> None:
+    """Run jobs from state.slots through `sched` until `stop` is set."""
+    jobs: dict[int, Running] = {}  # id(seq) -> its job
+    while not stop.is_set():
+        while sched.free_slots:  # admit what waits; block briefly only when nothing runs
+            job = state.slots.take(0 if jobs else poll_s)
+            if job is None:
+                break
+            _admit(state, sched, job, jobs)
+        state.slots.running = len(jobs)
+        for key in [k for k, r in jobs.items() if r.job.cancel.is_set()]:  # clients gone: free their slots
+            sched.release(jobs[key].seq)
+            _close(state, jobs, key, "stop", cancelled=True)
+        if not jobs:
+            continue
+        try:
+            events = sched.step()
+        except Exception as exc:  # noqa: BLE001 - reported to each client; the slots go on serving
+            for key in list(jobs):
+                _fail(state, sched, jobs, key, exc)
+            continue
+        for ev in events:
+            _deliver(state, sched, jobs, ev)
+    state.slots.running = 0
+
+
+def _admit(state, sched: BatchScheduler, job: Job, jobs: dict) -> None:
+    if job.cancel.is_set():  # the client left while it waited
+        job.finished.set()
+        return
+    job.started.set()
+    req = job.req
+    try:
+        seq = sched.admit(Request(job.prompt_ids, req.sampling, req.max_tokens, req.cache_prompt))
+    except HybridError as exc:
+        job.post(Failure(str(exc)))
+        job.finished.set()
+        return
+    out = Output(job, state.engine.tokenizer, state.config.reasoning_format != "none",
+                 is_harmony(state.template.source))
+    jobs[id(seq)] = Running(job, out, seq)
+
+
+def _deliver(state, sched: BatchScheduler, jobs: dict, ev: Event) -> None:
+    """One sequence's step result to its job: the token through its Output (a stop string ends the reply), and
+    its end when it ended. A failure here fails that job alone."""
+    key = id(ev.seq)
+    r = jobs[key]
+    finish = ev.finish
+    try:
+        if ev.token is not None:
+            req = r.job.req
+            lp = logprob_entry(state.engine.tokenizer, ev.logits, ev.token, req.top_logprobs) if req.logprobs else None
+            if r.out.push(ev.token, lp):  # a stop string ended the reply
+                if finish is None:
+                    sched.release(ev.seq)
+                finish = "stop"
+    except Exception as exc:  # noqa: BLE001 - reported to this client; the others go on
+        _fail(state, sched, jobs, key, exc)
+        return
+    if finish is not None:
+        _close(state, jobs, key, finish)
+
+
+def _fail(state, sched: BatchScheduler, jobs: dict, key: int, exc: Exception) -> None:
+    r = jobs.pop(key)
+    if r.seq in sched.running:
+        sched.release(r.seq)
+    state.slots.running = len(jobs)
+    r.job.post(Failure(f"{type(exc).__name__}: {exc}"))
+    r.job.finished.set()
+
+
+def _close(state, jobs: dict, key: int, finish: str, cancelled: bool = False) -> None:
+    """Job `key` leaves `jobs` (its slot already released): its counters, its Final, and its end."""
+    r = jobs.pop(key)
+    state.slots.running = len(jobs)  # before the client hears of the end
+    try:
+        close_job(state, r.job, r.out, finish, len(r.seq.produced), r.seq.n_cached, r.seq.timings, cancelled)
+    finally:
+        r.job.finished.set()

@@ -1,0 +1,172 @@
+"""Continuous batching over -np slots (llama-server's slots, vLLM's token budget): every step first gives each
+decoding sequence its next token, then fills the rest of the -b budget with prompt chunks of the others in
+admission order (chunked prefill: only the last one taken can be partial), and runs them all as one ragged batch
+(Engine.eval_batch). Each slot owns a contiguous KV cache of n_ctx / np cells and its prompt cache (the longest
+common prefix with the slot's previous conversation is reused); each sequence samples with its own parameters and
+seeded generator. No HTTP here: hybrid/server/batch_worker.py feeds it jobs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hybrid.generate.loop import check_fits
+from hybrid.generate.sampling import Sampler, SamplingParams
+from hybrid.generate.timings import Timings
+from hybrid.server.prompt_cache import PromptCache, common_prefix
+
+
+def plan_step(remaining: Sequence[int], budget: int) -> list[int]:
+    """Tokens each sequence evaluates this step. remaining[i]: 0 for a decoding sequence (it takes its one next
+    token, whatever the budget), else the prompt tokens it still has to evaluate; prompts then share what is left
+    of `budget` in order (admission order), so at most the last one served is cut short."""
+    take = [1 if r == 0 else 0 for r in remaining]
+    left = budget - sum(take)
+    for i, r in enumerate(remaining):
+        if r > 0 and left > 0:
+            take[i] = min(r, left)
+            left -= take[i]
+    return take
+
+
+@dataclass
+class Request:
+    prompt: list[int]  # token ids (never empty)
+    sampling: SamplingParams
+    n_predict: int  # -1: until the slot's context is full
+    cache_prompt: bool = True
+
+
+@dataclass(eq=False)  # compared by identity (it is found in lists)
+class Seq:
+    """One request in its slot: the prompt part still to evaluate, then one sampled token at a time."""
+
+    req: Request
+    slot: "Slot"
+    n_cached: int  # prompt tokens reused from the slot's cache
+    n_done: int  # prompt tokens whose K/V the cache holds
+    sampler: Sampler
+    history: list[int]
+    timings: Timings = field(default_factory=Timings)
+    produced: list[int] = field(default_factory=list)
+    next_token: int | None = None  # sampled and yielded, not evaluated yet
+
+    @property
+    def remaining(self) -> int:
+        return len(self.req.prompt) - self.n_done
+
+    @property
+    def cells(self) -> int:
+        return self.slot.pc.cache.n_past
+
+
+@dataclass
+class Event:
+    """What a step did for one sequence: a token (None: none this step) and whether it ended (finish: "stop" at
+    an end-of-generation token, "length" at n_predict or a full context); logits: what the token was sampled from."""
+
+    seq: Seq
+    token: int | None
+    finish: str | None = None
+    logits: np.ndarray | None = None
+
+
+@dataclass(eq=False)
+class Slot:
+    index: int
+    pc: PromptCache
+    seq: Seq | None = None
+
+
+class BatchScheduler:
+    def __init__(self, engine, n_slots: int, n_batch: int, n_ctx_slot: int, cache_ram: int = 0):
+        self.engine = engine
+        self.n_batch = n_batch
+        self.slots = [Slot(i, PromptCache(engine.new_cache(n_ctx_slot), cache_ram // n_slots))
+                      for i in range(n_slots)]
+        self.running: list[Seq] = []  # admission order
+
+    @property
+    def free_slots(self) -> int:
+        return sum(s.seq is None for s in self.slots)
+
+    @property
+    def busy_cells(self) -> int:
+        """KV cells held by running sequences (a slot's kept prefix for later reuse not counted)."""
+        return sum(s.cells for s in self.running)
+
+    def admit(self, req: Request) -> Seq:
+        """Place a request in the free slot whose cached tokens share the longest prefix with its prompt (ties: the
+        lowest index); ContextTooLarge when it cannot fit that slot. Call only when free_slots > 0."""
+        free = [s for s in self.slots if s.seq is None]
+        slot = max(free, key=lambda s: (common_prefix(req.prompt, s.pc.ids) if req.cache_prompt else 0, -s.index))
+        n_ctx = slot.pc.cache.n_ctx
+        check_fits(len(req.prompt), n_ctx)
+        n_cached = slot.pc.prepare(req.prompt, req.cache_prompt)
+        seq = Seq(req, slot, n_cached, n_cached, Sampler(req.sampling), list(req.prompt))
+        slot.seq = seq
+        self.running.append(seq)
+        return seq
+
+    def release(self, seq: Seq) -> None:
+        """The sequence leaves its slot (finished or cancelled); the slot keeps its tokens for prefix reuse."""
+        seq.slot.pc.finish(seq.req.prompt[: seq.n_done] + seq.produced)
+        seq.slot.seq = None
+        self.running.remove(seq)
+
+    def step(self) -> list[Event]:
+        """One batch over the running sequences -> an Event for each that sampled a token or finished. Finished
+        sequences are released. Nothing to do: []."""
+        if not self.running:
+            return []
+        take = plan_step([0 if s.remaining == 0 else s.remaining for s in self.running], self.n_batch)
+        batch, want, who = [], [], []
+        for s, n in zip(self.running, take):
+            if n == 0:
+                continue
+            if s.remaining:
+                tokens = s.req.prompt[s.n_done : s.n_done + n]
+                want.append(s.n_done + n == len(s.req.prompt))
+            else:
+                tokens = [s.next_token]
+                want.append(True)
+            batch.append((tokens, s.slot.pc.cache))
+            who.append(s)
+        t0 = time.perf_counter()
+        logits = self.engine.eval_batch(batch, want)
+        ms = 1000 * (time.perf_counter() - t0)
+        events = []
+        for s, (tokens, _), lg in zip(who, batch, logits):
+            if s.remaining:
+                s.n_done += len(tokens)
+                s.timings.prompt_tokens += len(tokens)
+                s.timings.prompt_ms += ms
+            else:
+                s.timings.eval_tokens += 1
+                s.timings.eval_ms += ms
+            if lg is not None:
+                events.append(self._sample(s, lg))
+        for ev in events:
+            if ev.finish is not None:
+                self.release(ev.seq)
+        return events
+
+    def _sample(self, s: Seq, logits: np.ndarray) -> Event:
+        if s.req.n_predict == 0:  # the prompt evaluated, nothing to generate (as generate() with n_predict 0)
+            return Event(s, None, "length", logits)
+        t0 = time.perf_counter()
+        tok = s.sampler.sample(logits, s.history)
+        s.timings.sample_ms += 1000 * (time.perf_counter() - t0)
+        if self.engine.tokenizer.is_eog(tok):
+            s.next_token = None
+            return Event(s, None, "stop", logits)
+        s.produced.append(tok)
+        s.history.append(tok)
+        s.next_token = tok
+        n = s.req.n_predict
+        cache = s.slot.pc.cache
+        finish = "length" if (0 <= n <= len(s.produced) or cache.n_past >= cache.n_ctx) else None
+        return Event(s, tok, finish, logits)
