@@ -173,3 +173,13 @@ def test_bench_fields_count_each_test_apart():
     assert "3 slots, 100.0% hits" in cache_note(row) and "50.0%" in row["moe_cache_report"]
     none = cache_fields(SimpleNamespace(backends=[], output_backend=None), parse_moe_cache("0"), None)
     assert none["moe_cache_hit_rate"] is None and cache_note(none) == ""
+
+
+def test_experts_with_biases_get_no_cache():
+    """gpt-oss's experts carry biases, which the runtime's cached experts do not add: the plan reserves nothing for
+    them and says why (so the probe recommends no --moe-cache for such a model)."""
+    with open_gguf(MOE.parent / "gpt-oss-q4_k_m.gguf") as f:  # 8 experts, 4 used
+        cfg, tensors = ModelConfig.from_gguf(f), dict(f.tensors)
+    for cache in ("6", "auto"):
+        p = _plan(cfg, tensors, UNLIMITED, cache, n_cpu_moe=cfg.n_layer)
+        assert not p.moe_cache.on and p.moe_cache.bytes == 0 and "biases" in p.moe_cache.note, p.moe_cache

@@ -31,13 +31,16 @@ from hybrid.plan.placement import HOST_STAGING_SLOTS, staging_slot_bytes
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 OFFLOAD_TOKENS_PER_EXPERT = 32  # llama.cpp: a MUL_MAT_ID is offloaded at >= 32 tokens per used expert on average
+OFFLOAD_MAX_MIN_BATCH = 256  # ... but never asks for more tokens than this (offload_min_batch)
 STAGING_SLOTS = HOST_STAGING_SLOTS  # device slots of a batch's uploads: one read by the kernels, two filled ahead
 
 
 def offload_min_batch(n_expert: int, n_expert_used: int) -> int:
-    """The smallest batch whose routed experts are uploaded and run on the GPU (llama.cpp's op offload rule for
-    MUL_MAT_ID: n_expert / n_expert_used * 32 tokens)."""
-    return max(1, n_expert * OFFLOAD_TOKENS_PER_EXPERT // max(1, n_expert_used))
+    """The smallest batch whose routed experts are uploaded and run on the GPU: llama.cpp's op offload rule for
+    MUL_MAT_ID (n_expert / n_expert_used * 32 tokens), at most OFFLOAD_MAX_MIN_BATCH tokens: a batch that big routes
+    to nearly every expert of a layer (gpt-oss-120b, 4 of 128: all but (1 - 4/128)^256 = 0.03% of them), so the
+    CPU would stream every expert too, and the GPU's copy of them costs no more than that read."""
+    return max(1, min(OFFLOAD_MAX_MIN_BATCH, n_expert * OFFLOAD_TOKENS_PER_EXPERT // max(1, n_expert_used)))
 
 
 def has_host_experts(lw: dict[str, Weight]) -> bool:

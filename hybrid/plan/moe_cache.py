@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from hybrid.errors import HybridError
 from hybrid.system.sizes import MiB, format_size, parse_size
 
-AUTO_MARGIN_BYTES = 512 * MiB  # auto: the plan's headroom less this (what the plan's estimates may miss)
+# auto: the plan's headroom less this (what the plan's estimates and the pool's fragmentation may miss). 512 MiB was
+# too little on the H200: a 30B-A3B shape at --n-cpu-moe 48 under 12 GiB ran out of memory in its first prompt batch
+AUTO_MARGIN_BYTES = 1536 * MiB
 DEFAULT_POLICY = "lru"  # docs/MOE_CACHE.md: LRU ties or leads LFRU under the cap of 2, and leads it unskewed
 DEFAULT_INSERTS = 2  # uploads a layer a decode step (llama.cpp PR #27861's cap; docs/MOE_CACHE.md)
 _PROJ = ("gate", "up", "down")

@@ -520,7 +520,10 @@ class _Costs:
         if req.kind == "off" or (req.kind == "auto" and left is None):
             return MoeCachePlan()
         host = [il for il in range(self.config.n_layer) if self.on_gpu(il, k) and self.cpu_moe[il] and self.experts[il]]
-        return resolve(req, self.tensors, host, self.config.n_expert, self.config.n_expert_used, left)
+        plain = [il for il in host if f"blk.{il}.ffn_gate_exps.bias" not in self.tensors]
+        if host and not plain:  # the runtime caches no expert with biases (backends/moe_cache/runtime.cacheable)
+            return MoeCachePlan(note="moe cache off: the routed experts carry biases (gpt-oss), which it does not cache")
+        return resolve(req, self.tensors, plain, self.config.n_expert, self.config.n_expert_used, left)
 
     def scratch(self, k: int) -> ScratchEstimate:
         n_ctx, _, _, n_ubatch, flash_attn, _ = self.settings
