@@ -8,7 +8,8 @@ The GPU computes the layer's attention, norms and router and routes the tokens (
   before and after it stay captured.
 - a bigger batch (prefill): only the experts the batch routes to are uploaded from host memory, a run of experts
   at a time, and multiplied on the GPU (kernels_gpu.moe.prefill), as llama.cpp's op offload does for
-  GGML_OP_MUL_MAT_ID; `min_batch` is llama.cpp's rule, n_expert / n_expert_used * 32 tokens.
+  GGML_OP_MUL_MAT_ID; `min_batch` is llama.cpp's rule, n_expert / n_expert_used * 32 tokens, at most 256
+  (offload_min_batch).
 """
 
 from __future__ import annotations
