@@ -69,6 +69,38 @@ def test_scheduler_gives_each_sequence_its_solo_greedy_tokens(engine, n_slots, n
     assert all(s.pc.cache.n_past > 0 for s in sched.slots)  # each slot keeps its last tokens for prefix reuse
 
 
+def test_a_shared_prefix_is_copied_from_another_slot_not_evaluated(engine):
+    """Requests sharing a system prompt (4 slots, all but one busy or holding other text): each later request takes
+    the shared rows from the slot that evaluated them (a running one included) instead of evaluating them, and
+    still gives exactly its solo greedy tokens; the counters say what was reused, copied and evaluated."""
+    system = engine.tokenizer.encode("You are a helpful assistant who answers in short sentences about the "
+                                     "history of science, art and the sea. ", add_special=True)
+    prompts = [system + engine.tokenizer.encode(t, add_special=False) for t in TEXTS[:4]]
+    solo = [list(generate(engine, p, GREEDY, 12, engine.new_cache(256))) for p in prompts]
+    sched = BatchScheduler(engine, 4, 16, 256)
+    out: dict[int, list[int]] = {i: [] for i in range(4)}
+    seqs = {}
+
+    def step() -> None:
+        for ev in sched.step():
+            if ev.token is not None:
+                out[seqs[id(ev.seq)]].append(ev.token)
+
+    first = sched.admit(Request(prompts[0], GREEDY, 12))
+    seqs[id(first)] = 0
+    while first.remaining:  # the first request's prompt evaluated in 16-token chunks
+        step()
+    for i in (1, 2, 3):  # admitted while the first one decodes: each copies the shared rows
+        seq = sched.admit(Request(prompts[i], GREEDY, 12))
+        assert seq.n_cached >= len(system) and seq.slot is not first.slot, (i, seq.n_cached, len(system))
+        seqs[id(seq)] = i
+    while sched.running:
+        step()
+    assert [out[i] for i in range(4)] == solo
+    assert sched.copied_tokens >= 3 * len(system)
+    assert sched.evaluated_tokens <= len(prompts[0]) + sum(len(p) - len(system) for p in prompts[1:])
+
+
 def test_scheduler_reuses_a_slots_prefix_and_stops_at_n_predict(engine):
     prompt = engine.tokenizer.encode(TEXTS[0], add_special=True)
     sched = BatchScheduler(engine, 2, 64, 128)

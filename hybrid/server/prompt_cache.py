@@ -82,6 +82,18 @@ class PromptCache:
         self.ids = list(ids[:n])
         return n
 
+    def copy_from(self, other: "PromptCache", ids: list[int], n: int) -> int:
+        """Make the live cache hold ids[:n] by copying K/V rows [0, n) from `other`'s live cache (another slot of
+        the same engine, which holds those tokens at those positions: cell c = position c) on their device, instead
+        of evaluating them again. Returns n."""
+        for dst, src in zip(self.cache.layers, other.cache.layers, strict=True):
+            dst.k[:n] = src.k[:n]
+            if dst.v is not dst.k:  # MLA's one [latent | rope key] row is both
+                dst.v[:n] = src.v[:n]
+        self.cache.n_past = n
+        self.ids = list(ids[:n])
+        return n
+
     def finish(self, ids: list[int]) -> None:
         """After a generation: the prompt and reply tokens whose K/V the cache now holds."""
         self.ids = list(ids[: self.cache.n_past])

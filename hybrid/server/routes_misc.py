@@ -95,6 +95,10 @@ async def metrics(request: Request):
         "prompt_cache_ram_limit_bytes": (state.config.cache_ram, "The --cache-ram bound."),
         "prompt_cache_entries": (sum(len(p.saved) for p in pcs), "Saved prompt states."),
     }
+    if sched is not None:  # -np > 1: prompt tokens the slots' caches spared, and those copied between slots
+        gauges["prompt_tokens_reused"] = (sched.reused_tokens, "Prompt tokens taken from a cache, not evaluated.")
+        gauges["prompt_tokens_copied"] = (sched.copied_tokens, "Of those, K/V rows copied from another slot.")
+        gauges["prompt_tokens_evaluated"] = (sched.evaluated_tokens, "Prompt tokens evaluated by the slots.")
     return PlainTextResponse(M.render(state.metrics, gauges), media_type="text/plain; version=0.0.4")
 
 

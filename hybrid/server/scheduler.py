@@ -2,8 +2,9 @@
 decoding sequence its next token, then fills the rest of the -b budget with prompt chunks of the others in
 admission order (chunked prefill: only the last one taken can be partial), and runs them all as one ragged batch
 (Engine.eval_batch). Each slot owns a contiguous KV cache of n_ctx / np cells and its prompt cache (the longest
-common prefix with the slot's previous conversation is reused); each sequence samples with its own parameters and
-seeded generator. No HTTP here: hybrid/server/batch_worker.py feeds it jobs."""
+common prefix with the slot's previous conversation is reused, or, when another slot, busy or free, holds a longer
+prefix of the prompt, such as a shared system prompt, its K/V rows are copied over instead of evaluated); each
+sequence samples with its own parameters and seeded generator. No HTTP here: hybrid/server/batch_worker.py feeds it jobs."""
 
 from __future__ import annotations
 
@@ -80,6 +81,13 @@ class Slot:
     pc: PromptCache
     seq: Seq | None = None
 
+    def held(self) -> list[int]:
+        """The tokens whose K/V the slot's live cache holds now, at positions 0.. (a running sequence's evaluated
+        prompt and reply, or what the last one left)."""
+        if self.seq is None:
+            return self.pc.ids
+        return self.seq.history[: self.pc.cache.n_past]
+
 
 class BatchScheduler:
     def __init__(self, engine, n_slots: int, n_batch: int, n_ctx_slot: int, cache_ram: int = 0):
@@ -88,6 +96,9 @@ class BatchScheduler:
         self.slots = [Slot(i, PromptCache(engine.new_cache(n_ctx_slot), cache_ram // n_slots))
                       for i in range(n_slots)]
         self.running: list[Seq] = []  # admission order
+        self.reused_tokens = 0  # prompt tokens not evaluated: held by the slot or copied from another (/metrics)
+        self.copied_tokens = 0  # of those, copied from another slot's cache
+        self.evaluated_tokens = 0  # prompt tokens evaluated
 
     @property
     def free_slots(self) -> int:
@@ -106,6 +117,14 @@ class BatchScheduler:
         n_ctx = slot.pc.cache.n_ctx
         check_fits(len(req.prompt), n_ctx)
         n_cached = slot.pc.prepare(req.prompt, req.cache_prompt)
+        if req.cache_prompt:  # another slot may hold a longer prefix (a shared system prompt): copy its rows
+            donor, n = max(((s, common_prefix(req.prompt, s.held())) for s in self.slots if s is not slot),
+                           key=lambda d: d[1], default=(None, 0))
+            n = min(n, len(req.prompt) - 1)  # the last prompt token is evaluated for its logits
+            if donor is not None and n > n_cached:
+                n_cached = slot.pc.copy_from(donor.pc, req.prompt, n)
+                self.copied_tokens += n
+        self.reused_tokens += n_cached
         seq = Seq(req, slot, n_cached, n_cached, Sampler(req.sampling), list(req.prompt))
         slot.seq = seq
         self.running.append(seq)
@@ -142,6 +161,7 @@ class BatchScheduler:
         for s, (tokens, _), lg in zip(who, batch, logits):
             if s.remaining:
                 s.n_done += len(tokens)
+                self.evaluated_tokens += len(tokens)
                 s.timings.prompt_tokens += len(tokens)
                 s.timings.prompt_ms += ms
             else:
