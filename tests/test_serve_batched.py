@@ -177,3 +177,30 @@ def test_each_request_keeps_its_own_sampler_stop_strings_and_logprobs(engine, ba
     assert together[0][0] != together[1][0]  # two seeds, two samples
     lp_a, lp_b = alone[3][2], together[3][2]
     assert lp_b["tokens"] == lp_a["tokens"] and lp_b["token_logprobs"] == lp_a["token_logprobs"]
+
+
+SYSTEM = ("You are a careful assistant. Answer in one short sentence, in plain words, without lists, and say so "
+          "when you do not know. The user asks about science, history, art, cooking and the sea. Keep to what is well "
+          "known, give numbers with their units, name the places and the people, and never invent a source. If the "
+          "question is unclear, answer the most likely reading of it. ")
+
+
+def test_concurrent_requests_sharing_a_system_prompt_evaluate_it_once(engine):
+    """4 clients at once, one long system prompt (past MIN_SHARED_WAIT tokens) before different questions, at -np 4:
+    the first admitted evaluates it, the others wait for its rows and copy them (or copy them at once when they come
+    later): the prompt tokens evaluated are one whole prompt plus the other questions, and every reply is the one
+    -np 1 gives."""
+    texts = [SYSTEM + t for t in TEXTS[:4]]
+    ids = [engine.tokenizer.encode(t, add_special=True) for t in texts]
+    shared = min(len(engine.tokenizer.encode(SYSTEM, add_special=True)) - 1, *(len(p) - 1 for p in ids))
+    assert shared >= 64, shared  # long enough to be waited for
+    body = lambda t: {"prompt": t, "max_tokens": 8, "temperature": 0, "cache_prompt": True}  # noqa: E731
+    with server(engine) as one:
+        alone = [json.loads(post(one.url, "/v1/completions", body(t))[2])["choices"][0]["text"] for t in texts]
+    with server(engine, n_parallel=4) as s:
+        with ThreadPoolExecutor(4) as pool:
+            replies = list(pool.map(lambda t: json.loads(post(s.url, "/v1/completions", body(t))[2]), texts))
+        m = metrics(s.url)
+    assert [r["choices"][0]["text"] for r in replies] == alone
+    assert m["hybrid_prompt_tokens_evaluated"] <= len(ids[0]) + sum(len(p) - shared for p in ids[1:]), m
+    assert m["hybrid_prompt_tokens_copied"] >= 3 * shared, m

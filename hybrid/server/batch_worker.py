@@ -1,5 +1,6 @@
 """The generation worker of `hybrid serve -np N` (N > 1): queued jobs enter free slots of the BatchScheduler as they
-come, every step advances all of them at once, and each job's tokens go through its own Output (the text filters
+come (one whose prompt shares a long prefix with a prompt still being evaluated waits for those rows, then copies
+them), every step advances all of them at once, and each job's tokens go through its own Output (the text filters
 of the single slot, runner.Output) to its client. A job whose client left is released within one step; a failed
 step fails the jobs it held and frees their slots. Speculative decoding stays on the single-slot path (-np 1)."""
 
@@ -25,11 +26,21 @@ class Running:
 def serve_batched(state, sched: BatchScheduler, stop: threading.Event, poll_s: float = 0.2) -> None:
     """Run jobs from state.slots through `sched` until `stop` is set."""
     jobs: dict[int, Running] = {}  # id(seq) -> its job
+    held: list[Job] = []  # jobs waiting for a running prompt's shared prefix (BatchScheduler.waits_for_prefix)
     while not stop.is_set():
+        for job in list(held):  # in arrival order, once the rows they share exist (or their client left)
+            if not sched.free_slots:
+                break
+            if job.cancel.is_set() or not sched.waits_for_prefix(job.prompt_ids):
+                held.remove(job)
+                _admit(state, sched, job, jobs)
         while sched.free_slots:  # admit what waits; block briefly only when nothing runs
-            job = state.slots.take(0 if jobs else poll_s)
+            job = state.slots.take(0 if jobs or held else poll_s)
             if job is None:
                 break
+            if job.req.cache_prompt and sched.waits_for_prefix(job.prompt_ids):
+                held.append(job)
+                continue
             _admit(state, sched, job, jobs)
         state.slots.running = len(jobs)
         for key in [k for k, r in jobs.items() if r.job.cancel.is_set()]:  # clients gone: free their slots

@@ -20,6 +20,9 @@ from hybrid.generate.timings import Timings
 from hybrid.server.prompt_cache import PromptCache, common_prefix
 
 
+MIN_SHARED_WAIT = 64  # a shared prefix shorter than this is evaluated again rather than waited for
+
+
 def plan_step(remaining: Sequence[int], budget: int) -> list[int]:
     """Tokens each sequence evaluates this step. remaining[i]: 0 for a decoding sequence (it takes its one next
     token, whatever the budget), else the prompt tokens it still has to evaluate; prompts then share what is left
@@ -129,6 +132,19 @@ class BatchScheduler:
         slot.seq = seq
         self.running.append(seq)
         return seq
+
+    def waits_for_prefix(self, prompt: list[int]) -> bool:
+        """Whether a request had better wait: a running sequence is still evaluating a prefix it shares with
+        `prompt` (MIN_SHARED_WAIT tokens or more beyond what any slot holds now). Admitted once those rows exist, it
+        copies them from that slot (admit) instead of evaluating them a second time, and the wait is no longer
+        than that prefill: N clients sending one system prompt at once evaluate it once."""
+        have = max((common_prefix(prompt, s.held()) for s in self.slots), default=0)
+        for s in self.running:
+            if s.remaining:
+                shared = min(common_prefix(prompt, s.req.prompt), len(prompt) - 1)
+                if shared - have >= MIN_SHARED_WAIT and s.n_done < shared:
+                    return True
+        return False
 
     def release(self, seq: Seq) -> None:
         """The sequence leaves its slot (finished or cancelled); the slot keeps its tokens for prefix reuse."""
