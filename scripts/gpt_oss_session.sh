@@ -39,12 +39,5 @@ if [[ -z ${NCMOE:-} ]]; then
   NCMOE=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['moe']['recommended'])" "$OUT/probe.json" \
           2>/dev/null || echo 12),$N_LAYER
 fi
-stamp "n-cpu-moe values: $NCMOE"
-for round in $(seq 1 "$ROUNDS"); do
-  for n in ${NCMOE//,/ }; do
-    bench_pair "n$n" "$round" 128 -ngl 99 -ncmoe "$n" -fa 1 -t "$THREADS"
-  done
-done
-stamp "summary"
-python3 scripts/bench_summary.py "$OUT" --label "-ngl 99 --n-cpu-moe N" | tee "$OUT/summary.md"
+bench_ncmoe "$NCMOE"
 stamp "done"

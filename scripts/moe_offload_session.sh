@@ -53,14 +53,7 @@ print(",".join(str(v) for v in dict.fromkeys(vals + [48])))
 PY
 )
 fi
-stamp "n-cpu-moe values: $NCMOE"
-for round in $(seq 1 "$ROUNDS"); do
-  for n in ${NCMOE//,/ }; do
-    bench_pair "n$n" "$round" 128 -ngl 99 -ncmoe "$n" -fa 1 -t "$THREADS"
-  done
-done
-stamp "summary"
-python3 scripts/bench_summary.py "$OUT" --label "-ngl 99 --n-cpu-moe N" | tee "$OUT/summary.md"
+bench_ncmoe "$NCMOE"
 fi
 if [[ $PHASE == runs || $PHASE == all ]]; then
   python3 -c "print(' '.join(['The quick brown fox jumps over the lazy dog.'] * 52))" > "$OUT/prompt.txt"

@@ -67,3 +67,16 @@ bench_pair() {
     stamp "rc=$?"
   fi
 }
+
+# bench_ncmoe N,N,...: ROUNDS rounds of bench_pair at -ngl 99 -ncmoe N (pp512, tg128) for each N, then the table
+bench_ncmoe() {
+  local round n
+  stamp "n-cpu-moe values: $1"
+  for round in $(seq 1 "$ROUNDS"); do
+    for n in ${1//,/ }; do
+      bench_pair "n$n" "$round" 128 -ngl 99 -ncmoe "$n" -fa 1 -t "$THREADS"
+    done
+  done
+  stamp "summary"
+  python3 scripts/bench_summary.py "$OUT" --label "-ngl 99 --n-cpu-moe N" | tee "$OUT/summary.md"
+}

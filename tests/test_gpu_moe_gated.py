@@ -10,14 +10,12 @@ import pytest
 
 cupy = pytest.importorskip("cupy")
 
-from hybrid.backends.gpu import GpuBackend  # noqa: E402
-from hybrid.backends.offload import OffloadBackend  # noqa: E402
 from hybrid.engine import Engine, EngineParams  # noqa: E402
 from hybrid.generate.sampling import log_softmax  # noqa: E402
 from hybrid.model.arch.moe import Routing, route_gated  # noqa: E402
 from kernels_cpu.activations import swiglu_oai  # noqa: E402
 from kernels_gpu import moe  # noqa: E402
-from test_gpu_moe import NMSE_MOE_DECODE, NMSE_MOE_PREFILL, _experts, _kl  # noqa: E402
+from test_gpu_moe import NMSE_MOE_DECODE, NMSE_MOE_PREFILL, _experts, _kl, _run  # noqa: E402
 from test_kernels_gpu import nmse, ref_matmul  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -138,22 +136,6 @@ def test_glu_swiglu_oai_matches_the_cpu():
         np.testing.assert_allclose(got, ref[:n], rtol=2e-6, atol=1e-6)
 
 
-def _engine_run(path, seq, fused: bool, monkeypatch, ngl="all", **kw) -> tuple:
-    with monkeypatch.context() as m:
-        if not fused:
-            m.setattr(GpuBackend, "fused_moe", lambda *a: None)
-            m.setattr(OffloadBackend, "fused_moe", lambda *a: None)
-        eng = Engine.load(path, EngineParams(n_ctx=160, n_batch=96, n_ubatch=96, n_gpu_layers=ngl, **kw))
-        try:
-            cache = eng.new_cache()
-            decode = np.stack([eng.eval([int(t)], cache) for t in seq[:20]])
-            prefill = eng.eval(seq, eng.new_cache(), logits_from=0)
-            gpus = {id(b): b for b in (*eng.backends, eng.output_backend) if hasattr(b, "decode_step")}.values()
-            return log_softmax(decode), log_softmax(prefill), [(b.graph_report(), b.graph_fallback) for b in gpus]
-        finally:
-            eng.close()
-
-
 @pytest.mark.parametrize("name", ["gpt-oss-mxfp4", "gpt-oss-q4_k_m", "glm4moe-q4_k_m", "deepseek2-q4_k_m"])
 def test_engine_gated_moe_on_the_gpu_matches_op_by_op(fixtures_dir, name, monkeypatch):
     """Every layer on the GPU: the fused MoE (device routing) against the op-by-op path (routed on the host, a
@@ -161,8 +143,8 @@ def test_engine_gated_moe_on_the_gpu_matches_op_by_op(fixtures_dir, name, monkey
     path = fixtures_dir / "arch" / f"{name}.gguf"
     seq = np.random.default_rng(9).integers(3, 1000, 80)
     seq[0] = 1
-    dec, pre, reports = _engine_run(path, seq, True, monkeypatch)
-    ref_dec, ref_pre, _ = _engine_run(path, seq, False, monkeypatch)
+    dec, pre, reports = _run(path, "all", seq, True, monkeypatch)
+    ref_dec, ref_pre, _ = _run(path, "all", seq, False, monkeypatch)
     kd, kp = _kl(ref_dec, dec), _kl(ref_pre, pre)
     print(f"{name}: fused vs op by op, median KL decode {np.median(kd):.2e}, prompt {np.median(kp):.2e}; {reports}")
     assert np.isfinite(dec).all() and np.isfinite(pre).all()
