@@ -43,13 +43,19 @@ GPU_FIXTURES = ("glm4moe-f16", "glm4moe-q4_k_m", "deepseek2-f16", "deepseek2-q4_
                 "gpt-oss-q4_k_m")
 
 
-def agreement(engine: Engine, ref) -> tuple[float, np.ndarray, float]:
-    """(top-1 agreement, KL per position, our PPL over the scored positions) for every chunk of the reference."""
+def agreement(engine: Engine, ref, chunks: int | None = None,
+              token_by_token: bool = False) -> tuple[float, np.ndarray, float]:
+    """(top-1 agreement, KL per position, our PPL over the scored positions) for the first `chunks` (default: every)
+    chunk of the reference; token_by_token: each chunk evaluated as decode steps (what a decode-only path, such as
+    the GPU expert cache, serves) instead of one prompt."""
     tokens, pos = ref["tokens"], ref["positions"]
     top1, kls, nll = [], [], []
-    for c in range(tokens.shape[0]):
+    for c in range(tokens.shape[0] if chunks is None else chunks):
         cache = engine.new_cache(int(ref["n_ctx"]))
-        logits = engine.eval(tokens[c], cache, logits_from=0)  # (128, n_vocab)
+        if token_by_token:
+            logits = np.stack([engine.eval([int(t)], cache) for t in tokens[c]])
+        else:
+            logits = engine.eval(tokens[c], cache, logits_from=0)  # (128, n_vocab)
         lp = log_softmax(logits[pos])  # (63, n_vocab)
         ids, ref_lp = ref["top_ids"][c], ref["top_logprobs"][c].astype(np.float64)
         mine = np.take_along_axis(lp, ids, -1)

@@ -16,6 +16,7 @@ from hybrid.engine import Engine, EngineParams  # noqa: E402
 from hybrid.generate.sampling import log_softmax  # noqa: E402
 from hybrid.plan.overrides import build_overrides  # noqa: E402
 from hybrid.tools.synth.model import ModelShape, make_model  # noqa: E402
+from test_golden_arch import agreement  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -192,25 +193,11 @@ def test_golden_fixture_decoded_through_the_cache(fixtures_dir):
     name = "qwen3moe-skew-q4_k"
     ref = np.load(fixtures_dir / "arch" / f"{name}.GPL-3.npz")
     engine = _engine(fixtures_dir / "arch" / f"{name}.gguf", "4", 2, n_ctx=128, ubatch=128)
-    top1, kls, nll = [], [], []
     try:
-        for c in range(2):
-            kv = engine.new_cache(int(ref["n_ctx"]))
-            lp = log_softmax(np.stack([engine.eval([int(t)], kv) for t in ref["tokens"][c]]))[ref["positions"]]
-            ids, ref_lp = ref["top_ids"][c], ref["top_logprobs"][c].astype(np.float64)
-            mine = np.take_along_axis(lp, ids, -1)
-            p = np.exp(ref_lp - ref_lp.max(-1, keepdims=True))
-            p /= p.sum(-1, keepdims=True)
-            q = np.exp(mine - mine.max(-1, keepdims=True))
-            q /= q.sum(-1, keepdims=True)
-            kls.append((p * (np.log(p) - np.log(q))).sum(-1))
-            top1.append(lp.argmax(-1) == ids[:, 0])
-            nll.append(-lp[np.arange(len(lp)), ref["target_ids"][c]])
+        top1, kl, ppl = agreement(engine, ref, chunks=2, token_by_token=True)
         hits = expert_cache(engine).book.stats.hits.sum()
     finally:
         engine.close()
-    top1, kl = float(np.mean(np.concatenate(top1))), np.concatenate(kls)
-    ppl = float(np.exp(np.mean(np.concatenate(nll))))
     assert hits > 0
     assert top1 >= 0.75 and np.median(kl) < 5e-2, (top1, np.median(kl))
     want = float(ref["ppl_running"][1])  # llama.cpp's running PPL after the same two chunks
