@@ -14,6 +14,8 @@ Layout: rows 8G..8G + 7 form group G, nb blocks of 8 rows each, block b of group
 The arrays keep the matrix shape (n_out, nb * 18 or 22). Products are ggml's: per block an exact int32 sum of
 q * q8 with the offset applied, times d_w * d_x in float32; only the float32 summation order differs from
 vec_dot_legacy's dot2 (2 lanes per row here, 8 there).
+dot8x4_* / dot8x2_*: the same 8 rows times 4 or 2 tokens, a block's codes unpacked once for all of them (with
+VNNI the sums go through vpdpbusd of the unsigned codes minus off * q8's, the same exact int32 lanes).
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import numpy as np
 from numba import njit, prange
 
 from kernels_cpu.simd import cvt_f32, fmav_f32, load_f16x8, load_i8x32, prefetch, store_f32x8, zero_f32
-from kernels_cpu.simd_int import add_i16, and_i8, madd, maddubs, or_i8, shl_i8, shr_i8, splat_i8, splat_i16
+from kernels_cpu.simd_int import add_i16, and_i8, madd, maddubs, or_i8, shl_i8, shr_i8, splat_i8, splat_i16, zero_i32
 from kernels_cpu.simd_k import sub_i16
-from kernels_cpu.simd_x8 import bcast_i8x8, dup_hi_f32, dup_lo_f32, pairsum_sub_f32, scale_f32
+from kernels_cpu.simd_x8 import (bcast_i8x8, dpbusd, dup_hi_f32, dup_lo_f32, has_vnni, pairsum_sub_f32, scale_f32,
+                                 sub_i32)
 
 QK = 32
 ROWS = 8
@@ -134,6 +137,93 @@ def dot8_q4_0_x8(w, go, xq, xd, nb, y, r0):
 def dot8_q5_0_x8(w, go, xq, xd, nb, y, r0):
     """y[r0:r0 + 8] = the 8 Q5_0 rows of the group at byte go . one token's Q8_0 activations (xq, xd)."""
     _dot8(w, go, xq, xd, nb, y, r0, True)
+
+
+# -- 8 rows . 4 tokens: a block's codes unpacked once for all the tokens ------------------------------------------
+@njit(inline="always")
+def _codes(w, qo, hb, half, five):
+    """The 4 code vectors of _half_sum (chunk 0 low/high nibbles, chunk 1 low/high), unsigned."""
+    q0, q1 = load_i8x32(w, qo), load_i8x32(w, qo + 64)
+    lo0, hi0, lo1, hi1 = and_i8(q0, 15), shr_i8(q0, 4), and_i8(q1, 15), shr_i8(q1, 4)
+    if five:
+        lo0, hi0 = or_i8(lo0, _bit4(hb, 2 * half)), or_i8(hi0, _bit4(hb, 2 * half + 1))
+        lo1, hi1 = or_i8(lo1, _bit4(hb, 4 + 2 * half)), or_i8(hi1, _bit4(hb, 5 + 2 * half))
+    return lo0, hi0, lo1, hi1
+
+
+@njit(inline="always", fastmath=True)
+def _tok8(f_lo, f_hi, a, b, xq, xo, dx, h8, off):
+    """One token's step of _dot8x4 over one block: a, b the unsigned codes of rows 0-3 and 4-7. The int32 lanes
+    equal _dot8's (exact sums of (q - off) q8: with VNNI, vpdpbusd's sums of q q8 minus off q8's), then the same
+    float work."""
+    xl0, xl1 = bcast_i8x8(xq, xo), bcast_i8x8(xq, xo + 8)
+    xh0, xh1 = bcast_i8x8(xq, xo + 16), bcast_i8x8(xq, xo + 24)
+    if has_vnni():
+        z = dpbusd(dpbusd(dpbusd(dpbusd(zero_i32(), off, xl0), off, xh0), off, xl1), off, xh1)
+        i_lo = sub_i32(dpbusd(dpbusd(dpbusd(dpbusd(zero_i32(), a[0], xl0), a[1], xh0), a[2], xl1), a[3], xh1), z)
+        i_hi = sub_i32(dpbusd(dpbusd(dpbusd(dpbusd(zero_i32(), b[0], xl0), b[1], xh0), b[2], xl1), b[3], xh1), z)
+    else:
+        ones = splat_i16(1)
+        z = add_i16(add_i16(maddubs(off, xl0), maddubs(off, xh0)), add_i16(maddubs(off, xl1), maddubs(off, xh1)))
+        s_lo = add_i16(add_i16(maddubs(a[0], xl0), maddubs(a[1], xh0)), add_i16(maddubs(a[2], xl1), maddubs(a[3], xh1)))
+        s_hi = add_i16(add_i16(maddubs(b[0], xl0), maddubs(b[1], xh0)), add_i16(maddubs(b[2], xl1), maddubs(b[3], xh1)))
+        i_lo, i_hi = madd(sub_i16(s_lo, z), ones), madd(sub_i16(s_hi, z), ones)
+    d8 = scale_f32(h8, dx)
+    return fmav_f32(f_lo, cvt_f32(i_lo), dup_lo_f32(d8)), fmav_f32(f_hi, cvt_f32(i_hi), dup_hi_f32(d8))
+
+
+@njit(inline="always")
+def _dot8x4(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0, five, four):
+    step = 176 if five else 144
+    off = splat_i8(16 if five else 8)
+    n_in = nb * QK
+    l0, h0, l1, h1, l2, h2, l3, h3 = (zero_f32(), zero_f32(), zero_f32(), zero_f32(), zero_f32(), zero_f32(),
+                                      zero_f32(), zero_f32())
+    for b in range(nb):
+        o, xb = go + b * step, b * QK
+        qo = o + step - 128
+        prefetch(w, o + PREFETCH_BYTES)
+        prefetch(w, o + PREFETCH_BYTES + 64)
+        prefetch(w, o + PREFETCH_BYTES + 128)
+        hb = load_i8x32(w, o + 16)  # (Q5_0: the 5th bits; Q4_0: unused)
+        a = _codes(w, qo, hb, 0, five)
+        c = _codes(w, qo + 32, hb, 1, five)
+        h8 = load_f16x8(w, o)
+        l0, h0 = _tok8(l0, h0, a, c, xq, t0 * n_in + xb, xd[t0 * nb + b], h8, off)
+        l1, h1 = _tok8(l1, h1, a, c, xq, t1 * n_in + xb, xd[t1 * nb + b], h8, off)
+        if four:
+            l2, h2 = _tok8(l2, h2, a, c, xq, t2 * n_in + xb, xd[t2 * nb + b], h8, off)
+            l3, h3 = _tok8(l3, h3, a, c, xq, t3 * n_in + xb, xd[t3 * nb + b], h8, off)
+    store_f32x8(y, t0 * n_out + r0, pairsum_sub_f32(l0, h0, zero_f32()))
+    store_f32x8(y, t1 * n_out + r0, pairsum_sub_f32(l1, h1, zero_f32()))
+    if four:
+        store_f32x8(y, t2 * n_out + r0, pairsum_sub_f32(l2, h2, zero_f32()))
+        store_f32x8(y, t3 * n_out + r0, pairsum_sub_f32(l3, h3, zero_f32()))
+
+
+@njit(cache=True, fastmath=True)
+def dot8x4_q4_0_x8(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0):
+    """y[t, r0:r0 + 8] (y flat, n_tok * n_out) = the 8 Q4_0 rows of the group at byte go . tokens t = t0..t3 of
+    the flat Q8_0 activations xq, xd (a repeated token is computed again); each equals dot8_q4_0_x8's."""
+    _dot8x4(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0, False, True)
+
+
+@njit(cache=True, fastmath=True)
+def dot8x4_q5_0_x8(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0):
+    """dot8x4_q4_0_x8 for Q5_0 rows."""
+    _dot8x4(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0, True, True)
+
+
+@njit(cache=True, fastmath=True)
+def dot8x2_q4_0_x8(w, go, xq, xd, t0, t1, nb, y, n_out, r0):
+    """dot8x4_q4_0_x8 for two tokens t0, t1."""
+    _dot8x4(w, go, xq, xd, t0, t1, t1, t1, nb, y, n_out, r0, False, False)
+
+
+@njit(cache=True, fastmath=True)
+def dot8x2_q5_0_x8(w, go, xq, xd, t0, t1, nb, y, n_out, r0):
+    """dot8x4_q5_0_x8 for two tokens t0, t1."""
+    _dot8x4(w, go, xq, xd, t0, t1, t1, t1, nb, y, n_out, r0, True, False)
 
 
 @njit(cache=True)

@@ -3,7 +3,8 @@ several weights times the same x (q/k/v, gate/up), in one parallel pass where th
 
 One explicit `KERNELS` entry per GGML type; anything else raises `UnsupportedQuantType` (no silent fallback).
 Like ggml, the activations are first converted to the weight type's vec_dot_type (`CpuKernel.vec_dot_type`).
-Few tokens (decode): SIMD integer dot products on the raw blocks (`vec_dot_legacy`, `vec_dot_k`); a batch of
+Few tokens (decode): SIMD integer dot products on the raw blocks (`vec_dot_legacy`, `vec_dot_k`; for Q8_0, Q6_K and
+the X8 layouts of Q4_0/Q5_0/Q4_K 4 tokens a pass over the weights, bit-equal to a token at a time); a batch of
 GEMM_MIN_TOKENS or more (prefill): rows decoded to float32 once per block of rows and a register-blocked
 float32 GEMM (`gemm_f32`). Both compute ggml's sums over the same quantized values (integer block sums scaled
 in float32, or float32 products of the exactly decoded values): they differ only in float32 rounding.

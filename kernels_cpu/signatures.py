@@ -52,6 +52,7 @@ _ROWS_LEGACY = (I64, RAW_1, I64, I64, I64, I8_1, F32_1, F32_1, F32_1, I64)
 _ROWS_K = (I64, RAW_1, I64, I64, I64, I8_1, F32_1, I16_1, F32_1, I64)
 _DRIVER = (RAW_2, RAW_2, RAW_2, I64, I64, I64)  # three weights and their type codes
 _TASKS = (I64, I64, I64, I64_1)  # rows per task, rows per block, threads, the task counter
+_TOK4, _TOK2 = (I64,) * 4, (I64,) * 2  # the tokens of a multi-token dot
 
 
 def _kernels() -> tuple[Kernel, ...]:
@@ -66,8 +67,22 @@ def _kernels() -> tuple[Kernel, ...]:
         Kernel("kernels_cpu.vec_dot_legacy", "rows_dot", _ROWS_LEGACY,
                ("legacy_x8.dot8_q4_0_x8", "legacy_x8.dot8_q5_0_x8", "mxfp4_x8.dot8_mxfp4_x8",
                 *(f"vec_dot_legacy.dot2_{t}" for t in _LEGACY_DOT2 + _LEGACY_DOT2_MIN))),
+        # 4 (and 2) tokens a pass over the weights, for small batches
+        *(Kernel("kernels_cpu.legacy_x8", f"dot8x4_{t}_x8", (RAW_1, I64, I8_1, F32_1, *_TOK4, I64, F32_1, I64, I64))
+          for t in ("q4_0", "q5_0")),
+        *(Kernel("kernels_cpu.legacy_x8", f"dot8x2_{t}_x8", (RAW_1, I64, I8_1, F32_1, *_TOK2, I64, F32_1, I64, I64))
+          for t in ("q4_0", "q5_0")),
+        Kernel("kernels_cpu.vec_dot_legacy", "dot2x4_q8_0",
+               (RAW_1, I64, I64, I8_1, F32_1, *_TOK4, I64, F32_1, I64, I64)),
+        Kernel("kernels_cpu.vec_dot_legacy", "dot2x2_q8_0",
+               (RAW_1, I64, I64, I8_1, F32_1, *_TOK2, I64, F32_1, I64, I64)),
+        Kernel("kernels_cpu.vec_dot_legacy", "rows_dot4",
+               (I64, RAW_1, I64, I64, I64, I8_1, F32_1, *_TOK4, F32_1, I64, I64),
+               ("legacy_x8.dot8x4_q4_0_x8", "legacy_x8.dot8x4_q5_0_x8", "legacy_x8.dot8x2_q4_0_x8",
+                "legacy_x8.dot8x2_q5_0_x8", "vec_dot_legacy.dot2x4_q8_0", "vec_dot_legacy.dot2x2_q8_0")),
         Kernel("kernels_cpu.vec_dot_legacy", "matmul_q8_0_act",
-               (*_DRIVER, I8_2, F32_2, F32_2, F32_2, F32_2, F32_2, *_TASKS), ("vec_dot_legacy.rows_dot",)),
+               (*_DRIVER, I8_2, F32_2, F32_2, F32_2, F32_2, F32_2, *_TASKS),
+               ("vec_dot_legacy.rows_dot", "vec_dot_legacy.rows_dot4")),
         Kernel("kernels_cpu.act_quant", "quantize_q8_1_rows", (F32_2, I8_2, F32_2, F32_2)),
         # integer dots, K-quants (Q8_K activations)
         Kernel("kernels_cpu.q4_k_x8", "dot8_q4_k_x8", (RAW_1, I64, I8_1, F32_1, I16_1, I64, F32_1, I64)),
@@ -78,8 +93,16 @@ def _kernels() -> tuple[Kernel, ...]:
         Kernel("kernels_cpu.vec_dot_k", "rows_dot", _ROWS_K,
                ("q4_k_x8.dot8_q4_k_x8", "iq4_xs_x8.dot8_iq4_xs_x8", *(f"vec_dot_k.dot2_{t}" for t in _K_DOT2),
                 "vec_dot_iq.rows_dot")),
+        Kernel("kernels_cpu.q4_k_x8", "dot8x4_q4_k_x8", (RAW_1, I64, I8_1, F32_1, I16_1, *_TOK4, I64, F32_1, I64, I64)),
+        Kernel("kernels_cpu.q4_k_x8", "dot8x2_q4_k_x8", (RAW_1, I64, I8_1, F32_1, I16_1, *_TOK2, I64, F32_1, I64, I64)),
+        Kernel("kernels_cpu.k_tokens", "dot2x4_q6_k", (RAW_1, I64, I64, I8_1, F32_1, *_TOK4, I64, F32_1, I64, I64)),
+        Kernel("kernels_cpu.k_tokens", "dot2x2_q6_k", (RAW_1, I64, I64, I8_1, F32_1, *_TOK2, I64, F32_1, I64, I64)),
+        Kernel("kernels_cpu.k_tokens", "rows_dot4",
+               (BOOL, RAW_1, I64, I64, I64, I8_1, F32_1, I16_1, *_TOK4, F32_1, I64, I64),
+               ("q4_k_x8.dot8x4_q4_k_x8", "q4_k_x8.dot8x2_q4_k_x8", "k_tokens.dot2x4_q6_k", "k_tokens.dot2x2_q6_k")),
         Kernel("kernels_cpu.vec_dot_k", "matmul_q8_k_act",
-               (*_DRIVER, I8_2, F32_2, I16_2, F32_2, F32_2, F32_2, *_TASKS), ("vec_dot_k.rows_dot",)),
+               (*_DRIVER, I8_2, F32_2, I16_2, F32_2, F32_2, F32_2, *_TASKS),
+               ("vec_dot_k.rows_dot", "k_tokens.rows_dot4")),
         Kernel("kernels_cpu.act_quant", "quantize_q8_k_rows", (F32_2, I8_2, F32_2, I16_2)),
         # the ops around them
         *(Kernel("kernels_cpu.norm", n, (F32_2, RO_F32_1, BOOL, F32, F32_2))

@@ -12,12 +12,14 @@ Signed codes (Q3_K, Q6_K q-32, IQ4_XS levels) go through |q| and sign(q) * q8 li
 
 Activations: xq int8 (n_tok, n_in), xd float32 (n_tok, n_in/256), bsums int16 (n_tok, n_in/16).
 Weight offsets are linear byte offsets into the C-contiguous (n_out, row_bytes) w.
+Small batches: Q4_K_X8 and Q6_K pass each block of rows once per 4 tokens (kernels_cpu.k_tokens.rows_dot4), each
+output equal to the 1-token kernel's bit for bit.
 """
 
 import numpy as np
 from numba import njit, prange
 
-from kernels_cpu import iq4_xs_x8, q4_k_x8, vec_dot_iq
+from kernels_cpu import iq4_xs_x8, k_tokens, q4_k_x8, vec_dot_iq
 from kernels_cpu.q4_k_x8 import scale_min_k4
 from kernels_cpu.sched import next_task
 from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32, load_i16x16, load_nib16, load_u32,
@@ -408,6 +410,7 @@ def matmul_q8_k_act(w0, w1, w2, k0, k1, k2, xq, xd, bsums, y0, y1, y2, rows_per_
     t1 = (w1.shape[0] + rows_per_task - 1) // rows_per_task
     n_tasks = t0 + t1 + (w2.shape[0] + rows_per_task - 1) // rows_per_task
     f0, f1, f2 = w0.reshape(w0.size), w1.reshape(w1.size), w2.reshape(w2.size)  # linear byte offsets
+    xq_f, xd_f, bs_f = xq.reshape(xq.size), xd.reshape(xd.size), bsums.reshape(bsums.size)
     for _ in prange(max(1, min(n_threads, n_tasks))):  # one claimer a thread
         task = next_task(counter)
         while task < n_tasks:
@@ -421,9 +424,17 @@ def matmul_q8_k_act(w0, w1, w2, k0, k1, k2, xq, xd, bsums, y0, y1, y2, rows_per_
                 w, kind, y, r0 = f2, k2, y2, (task - t0 - t1) * rows_per_task
                 n_out, row_bytes = w2.shape
             r1 = min(n_out, r0 + rows_per_task)
+            four = n_tok > 1 and (kind == Q4_K_X8 or kind == Q6_K)  # the types of k_tokens.rows_dot4
+            y_f = y.reshape(y.size)
             for b0 in range(r0, r1, rows_per_block):  # blocks of rows stay in L1 while every token passes
                 b1 = min(r1, b0 + rows_per_block)
-                for t in range(n_tok):
+                t = 0
+                if four:  # 4 tokens a pass over the block (a last 3 repeat their last token; a last 2: 2-token dots)
+                    for t in range(0, n_tok - 1, 4):
+                        k_tokens.rows_dot4(kind == Q4_K_X8, w, row_bytes, b0, b1, xq_f, xd_f, bs_f, t, t + 1,
+                                           min(t + 2, n_tok - 1), min(t + 3, n_tok - 1), y_f, n_out, nb)
+                    t = n_tok - n_tok % 4 if n_tok % 4 == 1 else n_tok
+                for t in range(t, n_tok):
                     rows_dot(kind, w, row_bytes, b0, b1, xq[t], xd[t], bsums[t], y[t], nb)
             task = next_task(counter)
 

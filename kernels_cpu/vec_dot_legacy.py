@@ -9,7 +9,14 @@ Signed codes (Q4_0 q-8, Q5_0 q-16, Q8_0, IQ4_NL and MXFP4 levels) go through |q|
 Activations: xq int8 (n_tok, n_in), xd float32 (n_tok, n_in/32), and for Q4_1/Q5_1 xs float32 (n_tok, n_in/32):
 block_q8_1's s, fp16(d_x * sum q8) with d_x before its fp16 rounding (kernels_cpu.act_quant.quantize_q8_1), as
 ggml_vec_dot_q4_1_q8_1 multiplies the weight's min by it. (d_x16 * sum q8 instead, the same in exact arithmetic,
-moved SmolLM2-135M Q4_1's perplexity by +0.2% from llama.cpp's and from a float64 forward.) Weight offsets are linear byte offsets into the C-contiguous (n_out, row_bytes) w.
+moved SmolLM2-135M Q4_1's perplexity by +0.2% from llama.cpp's and from a float64 forward.) Weight offsets are
+linear byte offsets into the C-contiguous (n_out, row_bytes) w.
+
+Small batches (several sequences decoding, a speculative check): for Q8_0 and the X8 layouts of Q4_0/Q5_0 the
+driver passes each block of rows once per 4 tokens (rows_dot4: dot2x4_q8_0, legacy_x8.dot8x4_*; 2-token forms for
+a pair), which load and unpack the weights once and keep an accumulator per token. Each output equals the 1-token
+kernel's bit for bit: the same exact int32 lanes (with VNNI through vpdpbusd, an unsigned operand shifted by 128
+or an offset taken off exactly), then the same float ops in the same order.
 """
 
 import numpy as np
@@ -20,7 +27,8 @@ from kernels_cpu import legacy_x8, mxfp4_x8
 from kernels_cpu.sched import next_task
 from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_bits32, load_f16, load_i8x32, load_nib16, prefetch,
                               store_scaled, zero_f32)
-from kernels_cpu.simd_int import abs_i8, addc_i8, dot_u8i8, lut16_i8, or_i8, sign_i8
+from kernels_cpu.simd_int import abs_i8, addc_i8, dot_u8i8, lut16_i8, or_i8, sign_i8, splat_i8, zero_i32
+from kernels_cpu.simd_x8 import dpbusd, has_vnni, sub_i32
 
 QK = 32
 PREFETCH_BYTES = 2048
@@ -219,6 +227,96 @@ def dot2_q5_1(w, wo, rb, xq, xd, xs, nb):
     return hsum_f32(a0) + m0, hsum_f32(a1) + m1
 
 
+# -- two weight rows . four tokens (a small batch): the block is loaded and unpacked once for all of them --------
+@njit(inline="always", fastmath=True)
+def _q8_0_tok(a0, a1, qa, qb, na, nbb, ua, ub, x, da, db, dx):
+    """One token's step of dot2x4_q8_0: the same int32 lanes as sdot (with VNNI: the activations shifted to
+    unsigned, x + 128, through vpdpbusd from -128 sum q, the same exact sums), the same float work."""
+    if has_vnni():
+        xu = addc_i8(x, -128)
+        return (fma_f32(a0, cvt_f32(dpbusd(na, xu, qa)), da * dx),
+                fma_f32(a1, cvt_f32(dpbusd(nbb, xu, qb)), db * dx))
+    return (fma_f32(a0, cvt_f32(dot_u8i8(ua, sign_i8(x, qa))), da * dx),
+            fma_f32(a1, cvt_f32(dot_u8i8(ub, sign_i8(x, qb))), db * dx))
+
+
+@njit(inline="always", fastmath=True)
+def _dot2_tokens(w, wo, rb, xq, xd, t0, t1, t2, t3, nb, y, n_out, r, four):
+    a00, a01, a10, a11 = zero_f32(), zero_f32(), zero_f32(), zero_f32()
+    a20, a21, a30, a31 = zero_f32(), zero_f32(), zero_f32(), zero_f32()
+    n_in = nb * QK
+    o0, o1, o2, o3 = t0 * n_in, t1 * n_in, t2 * n_in, t3 * n_in
+    pf = prefetch_distance(rb, PREFETCH_BYTES)
+    c128 = splat_i8(128)
+    for b in range(nb):
+        o, xb = wo + b * 34, b * QK
+        prefetch(w, wo + 2 * b * 34 + pf)
+        prefetch(w, wo + 2 * b * 34 + pf + 64)
+        qa, da = block_q8_0(w, o)
+        qb, db = block_q8_0(w, o + rb)
+        na = sub_i32(zero_i32(), dpbusd(zero_i32(), c128, qa))  # (VNNI) -128 sum q, per lane
+        nbb = sub_i32(zero_i32(), dpbusd(zero_i32(), c128, qb))
+        ua, ub = abs_i8(qa), abs_i8(qb)
+        a00, a01 = _q8_0_tok(a00, a01, qa, qb, na, nbb, ua, ub, load_i8x32(xq, o0 + xb), da, db, xd[t0 * nb + b])
+        a10, a11 = _q8_0_tok(a10, a11, qa, qb, na, nbb, ua, ub, load_i8x32(xq, o1 + xb), da, db, xd[t1 * nb + b])
+        if four:
+            a20, a21 = _q8_0_tok(a20, a21, qa, qb, na, nbb, ua, ub, load_i8x32(xq, o2 + xb), da, db, xd[t2 * nb + b])
+            a30, a31 = _q8_0_tok(a30, a31, qa, qb, na, nbb, ua, ub, load_i8x32(xq, o3 + xb), da, db, xd[t3 * nb + b])
+    y[t0 * n_out + r], y[t1 * n_out + r] = hsum_f32(a00), hsum_f32(a10)
+    if rb:
+        y[t0 * n_out + r + 1], y[t1 * n_out + r + 1] = hsum_f32(a01), hsum_f32(a11)
+    if four:
+        y[t2 * n_out + r], y[t3 * n_out + r] = hsum_f32(a20), hsum_f32(a30)
+        if rb:
+            y[t2 * n_out + r + 1], y[t3 * n_out + r + 1] = hsum_f32(a21), hsum_f32(a31)
+
+
+@njit(cache=True, fastmath=True)
+def dot2x4_q8_0(w, wo, rb, xq, xd, t0, t1, t2, t3, nb, y, n_out, r):
+    """y[t, r] and (rb > 0) y[t, r + 1] = the Q8_0 rows at bytes wo, wo + rb (nb blocks) . tokens t = t0..t3 (a
+    repeated token is computed again and stored to the same place); xq, xd, y: the flat activation and output
+    arrays, y (n_tok * n_out). Each output equals dot2_q8_0's bit for bit."""
+    _dot2_tokens(w, wo, rb, xq, xd, t0, t1, t2, t3, nb, y, n_out, r, True)
+
+
+@njit(cache=True, fastmath=True)
+def dot2x2_q8_0(w, wo, rb, xq, xd, t0, t1, nb, y, n_out, r):
+    """dot2x4_q8_0 for two tokens t0, t1."""
+    _dot2_tokens(w, wo, rb, xq, xd, t0, t1, t1, t1, nb, y, n_out, r, False)
+
+
+@njit(inline="always")
+def has_tok4(kind):
+    """Whether rows_dot4 takes this type (the others go a token at a time)."""
+    return kind == Q8_0 or kind == Q4_0_X8 or kind == Q5_0_X8
+
+
+@njit(cache=True, fastmath=True)
+def rows_dot4(kind, w, row_bytes, r0, r1, xq, xd, t0, t1, t2, t3, y, n_out, nb):
+    """rows_dot for the tokens t0..t3 at once (types of has_tok4): y[t, r] for r0 <= r < r1; xq, xd, y flat.
+    t2 == t1 (then t3 == t1): the two tokens t0, t1 only, through the 2-token kernels."""
+    pair = t2 == t1
+    if kind == Q5_0_X8:  # r0, r1: multiples of 8
+        for r in range(r0, r1, 8):
+            if pair:
+                legacy_x8.dot8x2_q5_0_x8(w, r * row_bytes, xq, xd, t0, t1, nb, y, n_out, r)
+            else:
+                legacy_x8.dot8x4_q5_0_x8(w, r * row_bytes, xq, xd, t0, t1, t2, t3, nb, y, n_out, r)
+    elif kind == Q4_0_X8:
+        for r in range(r0, r1, 8):
+            if pair:
+                legacy_x8.dot8x2_q4_0_x8(w, r * row_bytes, xq, xd, t0, t1, nb, y, n_out, r)
+            else:
+                legacy_x8.dot8x4_q4_0_x8(w, r * row_bytes, xq, xd, t0, t1, t2, t3, nb, y, n_out, r)
+    else:
+        for r in range(r0, r1, 2):
+            rb = row_bytes if r + 1 < r1 else 0
+            if pair:
+                dot2x2_q8_0(w, r * row_bytes, rb, xq, xd, t0, t1, nb, y, n_out, r)
+            else:
+                dot2x4_q8_0(w, r * row_bytes, rb, xq, xd, t0, t1, t2, t3, nb, y, n_out, r)
+
+
 @njit(cache=True, fastmath=True)
 def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, xs, y, nb):
     """y[r] = row r . one token for r0 <= r < r1, two rows at a time (an odd last row goes twice);
@@ -310,6 +408,7 @@ def matmul_q8_0_act(w0, w1, w2, k0, k1, k2, xq, xd, xs, y0, y1, y2, rows_per_tas
     t1 = (w1.shape[0] + rows_per_task - 1) // rows_per_task
     n_tasks = t0 + t1 + (w2.shape[0] + rows_per_task - 1) // rows_per_task
     f0, f1, f2 = w0.reshape(w0.size), w1.reshape(w1.size), w2.reshape(w2.size)  # linear byte offsets
+    xq_f, xd_f = xq.reshape(xq.size), xd.reshape(xd.size)
     for _ in prange(max(1, min(n_threads, n_tasks))):  # one claimer a thread
         task = next_task(counter)
         while task < n_tasks:
@@ -323,9 +422,17 @@ def matmul_q8_0_act(w0, w1, w2, k0, k1, k2, xq, xd, xs, y0, y1, y2, rows_per_tas
                 w, kind, y, r0 = f2, k2, y2, (task - t0 - t1) * rows_per_task
                 n_out, row_bytes = w2.shape
             r1 = min(n_out, r0 + rows_per_task)
+            four = n_tok > 1 and has_tok4(kind)
+            y_f = y.reshape(y.size)
             for b0 in range(r0, r1, rows_per_block):  # blocks of rows stay in L1 while every token passes
                 b1 = min(r1, b0 + rows_per_block)
-                for t in range(n_tok):
+                t = 0
+                if four:  # 4 tokens a pass over the block (a last 3 repeat their last token; a last 2: 2-token dots)
+                    for t in range(0, n_tok - 1, 4):
+                        rows_dot4(kind, w, row_bytes, b0, b1, xq_f, xd_f, t, t + 1, min(t + 2, n_tok - 1),
+                                  min(t + 3, n_tok - 1), y_f, n_out, nb)
+                    t = n_tok - n_tok % 4 if n_tok % 4 == 1 else n_tok
+                for t in range(t, n_tok):
                     rows_dot(kind, w, row_bytes, b0, b1, xq[t], xd[t], xs[t], y[t], nb)
             task = next_task(counter)
 
