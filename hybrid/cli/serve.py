@@ -105,8 +105,9 @@ def serve(
         engine.warmup()
         state.attach(engine)
         kv = state.prompt_cache.cache
-        print(f"hybrid serve: {config.alias} at {http.url}/v1 (chat page {http.url}/), {_slots(n_parallel)} of {kv.n_ctx} tokens "
-              f"(KV cache {format_size(kv.nbytes * n_parallel)}; prompt cache up to {format_size(config.cache_ram)} of RAM), "
+        print(f"hybrid serve: {config.alias} at {http.url}/v1 (chat page {http.url}/), {_slots(n_parallel)} of "
+              f"{kv.n_ctx} tokens (KV cache {format_size(kv.nbytes * n_parallel)}; prompt cache up to "
+              f"{format_size(config.cache_ram)} of RAM), "
               f"chat template {state.template.name}{', API key required' if key else ''}"
               f"{'; speculative decoding: ' + spec.kind if state.speculator else ''}; Ctrl-C stops",
               flush=True)
