@@ -13,7 +13,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .kv_cache import F16_TO_F32, KVCacheLayer, dequantize_rows_into, kv_type_code, kv_views
+from .kv_cache import F16_TO_F32, KVCacheLayer, _store_kv, dequantize_rows_into, kv_type_code, kv_views
 
 TILE = 32  # keys per tile: K/V tiles of TILE x head_dim f32 stay in L1
 NO_SINKS = np.zeros(0, dtype=np.float32)  # the kernel's `sinks` when there are none (one array type: one compile)
@@ -142,4 +142,46 @@ def attention(q: np.ndarray, layer: KVCacheLayer, positions: np.ndarray, scale: 
                       kv_type_code(layer.type_k), kv_type_code(layer.type_v), positions, n_kv, np.float32(scale),
                       int(n_swa), np.float32(softcap), _heads_per_item(n_tok, layer.n_head_kv, n_head), F16_TO_F32,
                       sinks, out)
+    return out
+
+
+def attention_seqs(q: np.ndarray, k: np.ndarray, v: np.ndarray, layers: list[KVCacheLayer],
+                   spans: list[tuple[int, int]], positions: np.ndarray, scale: float, n_swa: int = 0,
+                   sinks: np.ndarray | None = None) -> np.ndarray:
+    """kv_store then attention for a ragged batch of sequences: rows [a, b) of q (n, n_head, dk), k, v (n, n_head_kv,
+    d) and positions belong to the sequence whose cache is layers[i] for spans[i] = (a, b). The compiled kernels are
+    called directly, with what the batch shares (checks, codes, views, sinks) done once: for decode steps of several
+    sequences the wrappers' Python is most of attention's cost. Each sequence's rows equal kv_store + attention on
+    its own cache, bit for bit."""
+    q = np.ascontiguousarray(q, dtype=np.float32)
+    k, v = np.ascontiguousarray(k, dtype=np.float32), np.ascontiguousarray(v, dtype=np.float32)
+    n, n_head, _ = q.shape
+    pos32 = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
+    pos64 = pos32.astype(np.int64)
+    if pos32.shape[0] != n or k.shape[0] != n or v.shape[0] != n:
+        raise ValueError(f"attention_seqs: q, k, v and positions must have one row count, found {n}, {k.shape[0]}, "
+                         f"{v.shape[0]}, {pos32.shape[0]}")
+    first = layers[0]
+    if q.shape[2] != first.head_dim_k or n_head % first.n_head_kv or any(
+            (x.type_k, x.type_v, x.head_dim_k, x.head_dim_v, x.n_head_kv) !=
+            (first.type_k, first.type_v, first.head_dim_k, first.head_dim_v, first.n_head_kv) for x in layers):
+        raise ValueError("attention_seqs: the sequences' caches must share types and shapes with q")
+    code_k, code_v = kv_type_code(first.type_k), kv_type_code(first.type_v)
+    if sinks is None:
+        sinks = NO_SINKS
+    else:
+        sinks = np.array(sinks, dtype=np.float32).reshape(-1)
+        if sinks.shape[0] != n_head or not np.all(np.isfinite(sinks)):
+            raise ValueError(f"attention_seqs: sinks must be {n_head} finite float32 values, found {sinks.shape[0]}")
+    out = np.empty((n, n_head, first.head_dim_v), dtype=np.float32)
+    for layer, (a, b) in zip(layers, spans, strict=True):
+        if a == b:
+            continue
+        bad = _store_kv(layer.k, layer.v, pos64[a:b], k[a:b], v[a:b], code_k, code_v)
+        if bad >= 0:
+            raise ValueError(f"kv_store: positions must lie in [0, {layer.n_ctx}), found {pos64[a + bad]}")
+        _attention_kernel(q[a:b], *kv_views(layer.k, first.type_k), *kv_views(layer.v, first.type_v), code_k,
+                          code_v, pos32[a:b], int(pos32[a:b].max()) + 1, np.float32(scale), int(n_swa),
+                          np.float32(0.0), _heads_per_item(b - a, first.n_head_kv, n_head), F16_TO_F32, sinks,
+                          out[a:b])
     return out

@@ -111,6 +111,13 @@ class CpuBackend:
     def new_kv_layer(self, n_ctx: int, n_head_kv: int, hd_k: int, hd_v: int, type_k: str, type_v: str):
         return kv_cache.alloc_kv_layer(n_ctx, n_head_kv, hd_k, hd_v, type_k, type_v)
 
+    def attend_seqs(self, kv, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray, positions: np.ndarray,
+                    scale: float, n_swa: int, sinks: np.ndarray | None = None) -> np.ndarray:
+        """kv_store and attention for a ragged batch (hybrid.kv.batch.KVBatch), each sequence through its own cache,
+        in one call (blocks.attend's per-sequence loop without the wrappers' Python for each sequence)."""
+        return attention.attention_seqs(q, k, v, [s.cache.layers[il] for s in kv.seqs],
+                                        [(s.start, s.end) for s in kv.seqs], positions, scale, n_swa, sinks)
+
     def kv_store(self, kv, il: int, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
         kv_cache.kv_store(kv.layers[il], positions, k, v)
 

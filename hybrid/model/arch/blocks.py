@@ -81,13 +81,17 @@ def attention_block(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight],
 def attend(be, kv, il: int, q, k, v, positions: np.ndarray, kq_scale: float, n_swa: int, sinks=None):
     """Store k, v and attend q (n, n_head, hd_k) -> (n, n_head, hd_v). kv is one sequence's KVCache, or a ragged
     batch (hybrid.kv.batch.KVBatch: it has `seqs`, each a cache and its rows of the stacked batch): then each
-    sequence stores and attends through its own cache, one call per sequence."""
+    sequence stores and attends through its own cache (one call for all of them where the backend has
+    attend_seqs, the CPU: else a call per sequence)."""
     seqs = getattr(kv, "seqs", None)
     if seqs is None:
         be.kv_store(kv, il, k, v, positions)
         if sinks is None:
             return be.attention(q, kv, il, positions, kq_scale, n_swa)
         return be.attention(q, kv, il, positions, kq_scale, n_swa, sinks=sinks)
+    fused = getattr(be, "attend_seqs", None)  # the CPU's: one call for every sequence
+    if fused is not None:
+        return fused(kv, il, q, k, v, positions, kq_scale, n_swa, sinks)
     out = be.zeros((q.shape[0], q.shape[1], v.shape[2]))
     extra = {} if sinks is None else {"sinks": sinks}
     for s in seqs:
