@@ -11,8 +11,9 @@ vpdpbusd would still need the per-16 scales multiplied in), then the same float 
 from numba import njit
 
 from kernels_cpu import q4_k_x8
+from kernels_cpu.vec_dot_legacy import store_2x4
 
-from kernels_cpu.simd import cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32, prefetch, zero_f32
+from kernels_cpu.simd import cvt_f32, fma_f32, load_f16, load_i8x32, prefetch, zero_f32
 from kernels_cpu.simd_int import add_i32, and_i8, madd, maddubs, or_i8, shl_i8, shr_i8, zero_i32
 from kernels_cpu.simd_k import K6_SCALE_SHUF, maddubs_32, scales_i8x8, shuffle_scales, sub_i16
 
@@ -78,13 +79,7 @@ def _dot2_tokens(w, wo, rb, xq, xd, t0, t1, t2, t3, nb, y, n_out, r, four):
         if four:
             a20, a21 = fma_f32(a20, cvt_f32(s20), da * dx2), fma_f32(a21, cvt_f32(s21), db * dx2)
             a30, a31 = fma_f32(a30, cvt_f32(s30), da * dx3), fma_f32(a31, cvt_f32(s31), db * dx3)
-    y[t0 * n_out + r], y[t1 * n_out + r] = hsum_f32(a00), hsum_f32(a10)
-    if rb:
-        y[t0 * n_out + r + 1], y[t1 * n_out + r + 1] = hsum_f32(a01), hsum_f32(a11)
-    if four:
-        y[t2 * n_out + r], y[t3 * n_out + r] = hsum_f32(a20), hsum_f32(a30)
-        if rb:
-            y[t2 * n_out + r + 1], y[t3 * n_out + r + 1] = hsum_f32(a21), hsum_f32(a31)
+    store_2x4(y, n_out, r, rb, t0, t1, t2, t3, four, a00, a01, a10, a11, a20, a21, a30, a31)
 
 
 @njit(cache=True, fastmath=True)

@@ -228,6 +228,20 @@ def dot2_q5_1(w, wo, rb, xq, xd, xs, nb):
 
 
 # -- two weight rows . four tokens (a small batch): the block is loaded and unpacked once for all of them --------
+@njit(inline="always")
+def store_2x4(y, n_out, r, rb, t0, t1, t2, t3, four, a00, a01, a10, a11, a20, a21, a30, a31):
+    """A two-row, several-token dot's outputs (the 2x4 / 2x2 kernels here and in k_tokens): y[t, r] = the lane sum
+    of a{t}0 and, where rb > 0 (a second row), y[t, r + 1] = that of a{t}1, for t0, t1 and, when `four`, t2, t3
+    (a repeated token stores the same value to the same place); y flat (n_tok * n_out)."""
+    y[t0 * n_out + r], y[t1 * n_out + r] = hsum_f32(a00), hsum_f32(a10)
+    if rb:
+        y[t0 * n_out + r + 1], y[t1 * n_out + r + 1] = hsum_f32(a01), hsum_f32(a11)
+    if four:
+        y[t2 * n_out + r], y[t3 * n_out + r] = hsum_f32(a20), hsum_f32(a30)
+        if rb:
+            y[t2 * n_out + r + 1], y[t3 * n_out + r + 1] = hsum_f32(a21), hsum_f32(a31)
+
+
 @njit(inline="always", fastmath=True)
 def _q8_0_tok(a0, a1, qa, qb, na, nbb, ua, ub, x, da, db, dx):
     """One token's step of dot2x4_q8_0: the same int32 lanes as sdot (with VNNI: the activations shifted to
@@ -262,13 +276,7 @@ def _dot2_tokens(w, wo, rb, xq, xd, t0, t1, t2, t3, nb, y, n_out, r, four):
         if four:
             a20, a21 = _q8_0_tok(a20, a21, qa, qb, na, nbb, ua, ub, load_i8x32(xq, o2 + xb), da, db, xd[t2 * nb + b])
             a30, a31 = _q8_0_tok(a30, a31, qa, qb, na, nbb, ua, ub, load_i8x32(xq, o3 + xb), da, db, xd[t3 * nb + b])
-    y[t0 * n_out + r], y[t1 * n_out + r] = hsum_f32(a00), hsum_f32(a10)
-    if rb:
-        y[t0 * n_out + r + 1], y[t1 * n_out + r + 1] = hsum_f32(a01), hsum_f32(a11)
-    if four:
-        y[t2 * n_out + r], y[t3 * n_out + r] = hsum_f32(a20), hsum_f32(a30)
-        if rb:
-            y[t2 * n_out + r + 1], y[t3 * n_out + r + 1] = hsum_f32(a21), hsum_f32(a31)
+    store_2x4(y, n_out, r, rb, t0, t1, t2, t3, four, a00, a01, a10, a11, a20, a21, a30, a31)
 
 
 @njit(cache=True, fastmath=True)
