@@ -25,6 +25,17 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) 
     __syncthreads();  // red is reused by the next call
     return r;
 }
+// The rank of v[i] among v[0..n) in descending order, ties to the lower index (a stable sort's place): the routers
+// select the experts of rank < k, each thread ranking its own against all of them at once.
+__device__ __forceinline__ int moe_rank(const float* v, int n, int i) {
+    const float x = v[i];
+    int rank = 0;
+    for (int j = 0; j < n; ++j) {
+        const float y = v[j];
+        rank += (y > x) || (y == x && j < i);
+    }
+    return rank;
+}
 extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_softmax(const float* __restrict__ logits,
                                                                                  int n_expert, int k, int norm,
                                                                                  i32* __restrict__ ids,
@@ -48,15 +59,10 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_softma
     for (int i = threadIdx.x; i < n_expert; i += MOE_ROUTE_THREADS) s += expf(v[i] - m);
     s = block_reduce(s, red, false);
     for (int i = threadIdx.x; i < n_expert; i += MOE_ROUTE_THREADS) {
-        const float x = v[i];
-        int rank = 0;
-        for (int j = 0; j < n_expert; ++j) {
-            const float y = v[j];
-            rank += (y > x) || (y == x && j < i);
-        }
+        const int rank = moe_rank(v, n_expert, i);
         if (rank < k) {
             ids[(size_t)t * k + rank] = i;
-            sel[rank] = expf(x - m) / s;
+            sel[rank] = expf(v[i] - m) / s;
         }
     }
     __syncthreads();
@@ -138,12 +144,7 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_gated(
         __syncthreads();
     }
     for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) {
-        const float x = v[i];
-        int rank = 0;
-        for (int j = 0; j < n_expert; ++j) {
-            const float y = v[j];
-            rank += (y > x) || (y == x && j < i);
-        }
+        const int rank = moe_rank(v, n_expert, i);
         if (rank < k) {
             ids[(size_t)t * k + rank] = i;
             sel[rank] = p[i];
