@@ -63,8 +63,7 @@ def _biases(lw, name: str) -> np.ndarray:
     w = lw.get(name)
     if w is None:
         return _NO_BIAS
-    raw = w.raw.view(np.float32) if w.raw.dtype == np.uint8 else w.raw
-    return _read_only(np.ascontiguousarray(raw, dtype=np.float32))
+    return _read_only(np.ascontiguousarray(w.f32(), dtype=np.float32))
 
 
 _NO_BIAS = _read_only(np.empty((0, 0), dtype=np.float32))

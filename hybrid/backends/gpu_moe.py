@@ -54,18 +54,14 @@ class DeviceMoeLayers:
         w = lw.get(name)
         if w is None:
             return None
-        raw = w.raw
-        if isinstance(raw, np.ndarray):
-            return self._upload(np.ascontiguousarray(raw.view(np.float32) if raw.dtype == np.uint8 else raw,
-                                                     dtype=np.float32).reshape(-1))
-        return (raw.view(np.float32) if raw.dtype == np.uint8 else raw).reshape(-1)
+        values = w.f32()
+        if isinstance(values, np.ndarray):
+            return self._upload(np.ascontiguousarray(values, dtype=np.float32).reshape(-1))
+        return values.reshape(-1)
 
 
 def bias_rows(lw, name: str):
     """A per-expert bias tensor as float32 rows (n_expert, n_out), a view of where it lives (numpy on the host, cupy
     on the device; a 2-D F32 tensor is held as raw bytes), or None where the layer has none."""
     w = lw.get(name)
-    if w is None:
-        return None
-    raw = w.raw
-    return raw.view(np.float32) if raw.dtype == np.uint8 else raw
+    return None if w is None else w.f32()

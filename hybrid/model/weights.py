@@ -26,6 +26,11 @@ class Weight:
     def nbytes(self) -> int:
         return int(self.raw.nbytes)
 
+    def f32(self):
+        """The values of a float32 tensor where they live (numpy or cupy): a matrix is held as raw bytes (uint8
+        rows), viewed here as float32 (e.g. an expert bias tensor, (n_expert, n_out)); a vector already is."""
+        return self.raw.view(np.float32) if self.raw.dtype == np.uint8 else self.raw
+
     def expert(self, e: int) -> "Weight":
         """The 2-D matrix of expert e of a 3-D expert tensor."""
         return Weight(f"{self.name}[{e}]", self.type_name, self.shape[1:], self.raw[e])

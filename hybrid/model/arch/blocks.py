@@ -141,7 +141,7 @@ def expert_biases(be, lw: dict[str, Weight], name: str):
     w = lw.get(name)
     if w is None:
         return None
-    raw = w.raw if w.raw.dtype != np.uint8 else w.raw.view(np.float32)
+    raw = w.f32()
     return be.from_host(raw) if isinstance(raw, np.ndarray) else raw
 
 
