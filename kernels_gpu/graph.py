@@ -55,6 +55,12 @@ class GraphStats:
     eager: int = 0  # eager runs: first runs of a key, disabled graphs, or steps that cannot be captured
     capture_ms: float = 0.0
     reasons: dict = field(default_factory=dict)  # reason -> eager runs for it
+    # replays with host breaks, in seconds of host wall time: launching the pieces before a break, waiting for them
+    # (the GPU's work and the synchronization), and the host calls between them (scripts/offload_decode_profile.py)
+    pieces: int = 0
+    piece_launch_s: float = 0.0
+    piece_wait_s: float = 0.0
+    host_s: float = 0.0
 
 
 class GraphRunner:
@@ -134,10 +140,18 @@ class GraphRunner:
             captured_now = self._capture(e, fn)
         if e.graph is not None and self.enabled:
             if not captured_now:  # a capture ran its pieces before the last one already
+                s = self.stats
                 for g, host_fn in e.pieces:
+                    t0 = time.perf_counter()
                     g.launch(st)
+                    t1 = time.perf_counter()
                     st.synchronize()
+                    t2 = time.perf_counter()
                     host_fn()
+                    s.piece_launch_s += t1 - t0
+                    s.piece_wait_s += t2 - t1
+                    s.host_s += time.perf_counter() - t2
+                s.pieces += len(e.pieces)
             e.graph.launch(st)
             out = e.out
             self.stats.replays += 1

@@ -27,6 +27,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "attention": ("common.cu", "attention.cu"),
     "moe": ("common.cu", "moe.cu"),
     "moe_cache": ("common.cu", "moe_cache.cu"),
+    "unrepack": ("common.cu", "unrepack.cu"),
 }
 
 # source "files" made by code: name -> a function returning the text

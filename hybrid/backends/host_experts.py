@@ -25,6 +25,7 @@ from kernels_cpu.activations import GELU_F16_TABLE
 
 from hybrid.backends.cpu_fused import _GLU_OP
 from hybrid.backends.cpu_moe import _EMPTY, _biases, _experts, moe_fusable
+from hybrid.backends.repack import BASE_TYPE, byte_permutation
 from hybrid.errors import UnsupportedPlacement
 from hybrid.model.arch.moe import moe_layer
 from hybrid.model.weights import Weight
@@ -61,15 +62,38 @@ def check_host_experts(spec, cfg, lw: dict[str, Weight]) -> None:
                              f"the GPU (drop the override or --n-cpu-moe)")
 
 
-def upload_dequantizer(gpu, w: Weight):
+def file_type(type_name: str) -> str:
+    """The GGML type whose GPU kernels an expert tensor's upload uses: the file's, for a layout the CPU repacked by
+    moving bytes only (backends/repack.py repack_host_experts: put back in place on the GPU, kernels_gpu.unrepack)."""
+    return BASE_TYPE[type_name] if type_name in BASE_TYPE and byte_permutation(BASE_TYPE[type_name]) is not None \
+        else type_name
+
+
+def dequantize_upload(rows, type_name: str, out, perms: dict) -> None:
+    """fp16 `out` of uploaded expert rows (cupy uint8 (n, row_bytes)) of type_name, a file type or a permuting
+    repacked layout (its bytes put back in place first; perms caches the permutations on the device by type)."""
+    import cupy  # noqa: PLC0415
+
+    from kernels_gpu.matmul import dequantize, gpu_kernel  # noqa: PLC0415
+    from kernels_gpu.unrepack import unrepack_x8  # noqa: PLC0415
+
+    base = file_type(type_name)
+    if base != type_name:
+        perm = perms.get(base)
+        if perm is None:
+            perm = perms[base] = cupy.asarray(byte_permutation(base))
+        rows = unrepack_x8(rows, perm, gpu_kernel(base).type_size)
+    dequantize(rows, base, dtype=np.float16, out=out)
+
+
+def upload_dequantizer(gpu, w: Weight, perms: dict):
     """kernels_gpu.moe.prefill's dequantizer for the host expert tensor w: experts [e0, e1) uploaded through the
     GPU backend's pinned stager (one contiguous slice of the host tensor), then dequantized to fp16 into `out`."""
-    from kernels_gpu.matmul import dequantize  # noqa: PLC0415
 
     def dequant(e0: int, e1: int, out) -> None:
         part = w.raw[e0:e1]  # (e1 - e0, n_out, row_bytes)
         dev = gpu.upload(Weight(w.name, w.type_name, part.shape, part)).raw
-        dequantize(dev.reshape(-1, part.shape[2]), w.type_name, dtype=np.float16, out=out)
+        dequantize_upload(dev.reshape(-1, part.shape[2]), w.type_name, out, perms)
 
     return dequant
 
@@ -119,6 +143,7 @@ class HostExperts:
         self._spans: list[tuple[int, int]] = []  # host spans page-locked by register()
         self._ring = None  # kernels_gpu.transfer.CopyRing: batches' uploads straight from the locked pages
         self.cache = None  # backends.moe_cache.runtime.ExpertCache (--moe-cache): hot experts in GPU slots
+        self._perms: dict = {}  # file type -> its repacked layout's byte permutation on the device (unrepack)
 
     def register(self, layers: list[dict[str, Weight]]) -> str:
         """Page-lock the host expert tensors of `layers` in place (those not locked yet), so a big batch's uploads
@@ -169,7 +194,7 @@ class HostExperts:
             return self._on_cpu(spec, cfg, lw, h, None, None, logits)
         ids, wts = moe.route_with(logits, layer.router)
         self.gpu.report_routing(lw, ids, wts)  # a routing trace's (GpuBackend.routing_observer), when one listens
-        if limit is not None and h.shape[0] >= limit and all(moe.supported(w.type_name) for w in ws):
+        if limit is not None and h.shape[0] >= limit and all(moe.supported(file_type(w.type_name)) for w in ws):
             return self.run_uploaded(spec, lw, h, ids, wts, ws)
         return self._on_cpu(spec, cfg, lw, h, ids, wts)
 
@@ -191,7 +216,8 @@ class HostExperts:
             out = self._prefill_direct(spec, h, ids, wts, ws, shapes, biases)
         else:  # staged through pinned buffers by the host, a run at a time
             out = moe.prefill(h, ids, wts, shapes,
-                              tuple(self._counted(upload_dequantizer(self.gpu, w), w) for w in ws), spec.ffn_act,
+                              tuple(self._counted(upload_dequantizer(self.gpu, w, self._perms), w) for w in ws),
+                              spec.ffn_act,
                               biases=biases)
         s.gpu_batches += 1
         s.last_upload_bytes = s.uploaded_bytes - before
@@ -201,7 +227,6 @@ class HostExperts:
         """moe.prefill with each run of used experts copied from the locked pages into a CopyRing slot on the copy
         stream, STAGING_SLOTS runs ahead of the kernels (gate's runs, then up's, then down's)."""
         from kernels_gpu import moe  # noqa: PLC0415
-        from kernels_gpu.matmul import dequantize  # noqa: PLC0415
         from kernels_gpu.transfer import CopyRing  # noqa: PLC0415
 
         per = [w.raw[0].nbytes for w in ws]
@@ -220,7 +245,7 @@ class HostExperts:
 
             def dequant(e0: int, e1: int, out) -> None:
                 slot, view = ring.take((i, e0))
-                dequantize(view.reshape(-1, row_bytes), w.type_name, dtype=np.float16, out=out)
+                dequantize_upload(view.reshape(-1, row_bytes), w.type_name, out, self._perms)
                 ring.release(slot)
                 self.stats.uploaded_bytes += (e1 - e0) * per[i]
 

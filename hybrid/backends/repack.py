@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -32,6 +33,9 @@ LAYOUTS = {
     "MXFP4": ("MXFP4_X8", mxfp4_x8.repackable, mxfp4_x8.repack),
     "IQ4_XS": ("IQ4_XS_X8", iq4_xs_x8.repackable, iq4_xs_x8.repack),
 }
+
+
+BASE_TYPE = {name: base for base, (name, _, _) in LAYOUTS.items()}  # a repacked layout -> the GGML type it holds
 
 
 @dataclass(frozen=True)
@@ -89,3 +93,68 @@ def _repacked(w: Weight) -> Weight | None:
     for e in range(1, w.raw.shape[0]):
         out[e] = repack(w.raw[e])
     return Weight(w.name, name, w.shape, out)
+
+
+@lru_cache(maxsize=None)
+def byte_permutation(type_name: str) -> np.ndarray | None:
+    """Where each byte of a group of 8 rows' blocks lands in the repacked layout, when the layout only moves bytes:
+    int32 (8 * type_size,), entry r * type_size + j = the offset in a repacked 8-row block (8 * type_size bytes, at
+    (group * n_blocks + block) * 8 * type_size) of byte j of row r's block. None for a layout that also rewrites
+    bytes or adds some (Q5_0, Q4_K, IQ4_XS), or a type without one. Found by repacking probe matrices with the CPU's
+    own repack (so the GPU's inverse, kernels_gpu.unrepack, follows it by construction) and checked on two blocks
+    a row: every block of a group is moved alike."""
+    layout = LAYOUTS.get(type_name)
+    if layout is None:
+        return None
+    from kernels_cpu.matmul import _kernel  # noqa: PLC0415
+
+    ts = _kernel(type_name).type_size
+    n = 8 * ts
+    if n > 255:
+        return None
+    inv = None
+    for b in range(2):  # a 2-block row: block b carries the codes 1..n, the other zeros
+        raw = np.zeros((8, 2 * ts), dtype=np.uint8)
+        raw[:, b * ts:(b + 1) * ts] = np.arange(1, n + 1, dtype=np.uint8).reshape(8, ts)
+        out = layout[2](raw).reshape(-1)[b * n:(b + 1) * n]
+        if sorted(out.tolist()) != list(range(1, n + 1)):
+            return None
+        here = np.empty(n, dtype=np.int32)
+        here[out.astype(np.int64) - 1] = np.arange(n, dtype=np.int32)
+        if inv is not None and not np.array_equal(inv, here):
+            return None
+        inv = here
+    inv.flags.writeable = False
+    return inv
+
+
+def unrepack(raw: np.ndarray, type_name: str) -> np.ndarray:
+    """The file's layout of a repacked (n_rows, row_bytes) matrix of `type_name` (a permuting layout: see
+    byte_permutation): numpy's form of kernels_gpu.unrepack, its tests' reference."""
+    inv = byte_permutation(type_name)
+    if inv is None:
+        raise ValueError(f"{type_name}: its repacked layout is not a permutation of the file's bytes")
+    n_rows, rb = raw.shape
+    n = inv.shape[0]
+    nb = rb * 8 // n
+    blocks = raw.reshape(n_rows // 8, nb, n)  # (group, block, the 8 rows' bytes repacked)
+    rows = blocks[:, :, inv].reshape(n_rows // 8, nb, 8, n // 8)  # (group, block, row, byte)
+    return np.ascontiguousarray(rows.transpose(0, 2, 1, 3)).reshape(n_rows, rb)
+
+
+def repack_host_experts(layers: Iterable[dict[str, Weight]], names: Iterable[str]) -> RepackResult:
+    """Repack, in place, the expert tensors `names` of GPU layers whose routed experts stay in RAM, where the layout
+    only moves bytes (byte_permutation): the CPU runs their decode on the repacked dots, and a big batch still
+    uploads them by DMA (the GPU puts the bytes back in place, kernels_gpu.unrepack, before dequantizing)."""
+    done: list[tuple[str, int, int]] = []
+    for lw in layers:
+        for key in names:
+            w = lw.get(key)
+            if w is None or byte_permutation(w.type_name) is None:
+                continue
+            new = _repacked(w)
+            if new is not None:
+                done.append((w.type_name, new.nbytes, release_pages(w.raw)))
+                lw[key] = new
+    return RepackResult(len(done), sum(d[1] for d in done), sum(d[2] for d in done),
+                        tuple(sorted({d[0] for d in done})))

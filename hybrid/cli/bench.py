@@ -57,9 +57,10 @@ def bench(
     nopo: Annotated[str, typer.Option("-nopo", "--no-op-offload", help="1: the CPU layers' prefill stays on the CPU; "
                                       "0: batches of >= 32 tokens run them on the GPU, weights streamed (comma-separated "
                                       "to compare).")] = "0",
-    no_repack: Annotated[str, typer.Option("-nr", "--no-repack", help="1: the CPU layers' Q4_0/Q5_0/Q4_K weights stay "
-                                           "as in the file; 0: repacked into 8-row groups at load (not under op "
-                                           "offload; comma-separated to compare).")] = "0",
+    no_repack: Annotated[str, typer.Option("-nr", "--no-repack", help="1: the CPU layers' Q4_0/Q5_0/Q4_K weights (and "
+                                           "the MXFP4/Q4_0 experts in RAM of GPU layers) stay as in the file; 0: "
+                                           "repacked into 8-row groups at load (not under op offload; "
+                                           "comma-separated to compare).")] = "0",
     ncmoe: Annotated[str, typer.Option("-ncmoe", "--n-cpu-moe", help="Layers whose routed experts stay in RAM, run by "
                                        "the CPU (comma-separated to compare).")] = "0",
     cmoe: Annotated[bool, typer.Option("-cmoe", "--cpu-moe", help="Every layer's routed experts in RAM.")] = False,

@@ -198,7 +198,8 @@ NoRepackOpt = Annotated[
     typer.Option("-nr", "--no-repack",
                  help="Keep the CPU layers' Q4_0, Q5_0, Q4_K, IQ4_XS and MXFP4 weights as in the file (by default they are copied "
                       "at load into 8-row groups the CPU reads faster, as llama.cpp repacks; the file's pages are "
-                      "given back). Op offload (a GPU with layers left on the CPU) keeps the file's layout anyway."),
+                      "given back). Op offload (a GPU with layers left on the CPU) keeps the file's layout anyway. Also the MXFP4 "
+                      "and Q4_0 routed experts that GPU layers keep in RAM (--n-cpu-moe, -ot), unless --moe-cache is on."),
 ]
 OverrideTensorOpt = Annotated[
     list[str],

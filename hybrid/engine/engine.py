@@ -19,7 +19,7 @@ from hybrid.backends.cpu import CpuBackend
 from hybrid.backends.cpu_kernels import cpu_kernel_keys
 from hybrid.backends.host_experts import check_host_experts
 from hybrid.backends.op_offload import make_op_offload
-from hybrid.backends.repack import repack_weights
+from hybrid.backends.repack import repack_host_experts, repack_weights
 from hybrid.engine.params import EngineParams
 from hybrid.errors import ContextTooLarge, HybridError
 from hybrid.engine.lazy_rows import LazyRows
@@ -82,6 +82,8 @@ class Engine:
                 gpu.host_experts.min_batch = None if p.op_offload else 0  # --no-op-offload: experts on the CPU
                 moe_ram = [engine.weights.layers[lp.index] for lp in engine.placement.layers if lp.experts_on_cpu]
                 cache = engine.placement.moe_cache  # --moe-cache: its uploads read the locked pages too
+                if moe_ram and p.repack and not cache.on:  # (the cache's GPU kernels read the file's layout)
+                    engine._repack_host_experts(moe_ram, progress)
                 if moe_ram and (p.op_offload or cache.on):  # big batches upload their experts by DMA from them
                     why = gpu.host_experts.register(moe_ram)
                     if why and progress:
@@ -163,6 +165,17 @@ class Engine:
             self.weights.output_norm = upload(self.weights.output_norm)
             self.output_backend = gpu
 
+    def _repack_host_experts(self, layers: list[dict], progress: Progress) -> None:
+        """The routed experts in RAM of GPU layers, where the CPU's repacked layout only moves bytes (MXFP4, Q4_0),
+        into it (backends/repack.py repack_host_experts): their decode runs on the CPU's faster dots, and a big
+        batch still uploads them as they are (the GPU puts the bytes back, kernels_gpu.unrepack)."""
+        from hybrid.backends.host_experts import EXPERT_TENSORS  # noqa: PLC0415
+
+        done = self._with_numa_policy(lambda: repack_host_experts(layers, EXPERT_TENSORS))
+        if done.n_matrices and progress:
+            progress(f"repack: the experts in RAM of {len(layers)} GPU layers ({', '.join(done.types)}) interleaved "
+                     f"by 8 rows for the CPU ({format_size(done.n_bytes)})")
+
     def _lock_offloaded_experts(self, progress: Progress) -> None:
         """With op offload, page-lock the CPU layers' routed experts in place (as --mlock would), so that a big
         batch uploads the experts it uses by DMA from them, on a copy stream ahead of the kernels
@@ -220,15 +233,19 @@ class Engine:
         return cpu_kernel_keys(self.spec, layers, w.output if on_cpu else None, self.repacks,
                                output_tied=w.output is w.token_embd)
 
+    def _with_numa_policy(self, fn):
+        """fn() with the pages it first writes placed as --numa says (a repack's copies)."""
+        try:
+            with memory_policy(self.params.numa):
+                return fn()
+        except OSError:  # the policy was refused (prepare_cpu_weights says so): the copies stay where they fall
+            return fn()
+
     def _repack(self, progress: Progress) -> None:
         """The CPU layers' matrices into the 8-row interleaved layouts (backends/repack.py)."""
         cpu_layers = [il for il, be in enumerate(self.backends) if isinstance(be, CpuBackend)]
         on_cpu = isinstance(self.output_backend, CpuBackend)
-        try:
-            with memory_policy(self.params.numa):  # the copies' pages follow --numa as they are first written
-                done = repack_weights(self.weights, cpu_layers, on_cpu)
-        except OSError:  # the policy was refused (prepare_cpu_weights says so): the copies stay where they fall
-            done = repack_weights(self.weights, cpu_layers, on_cpu)
+        done = self._with_numa_policy(lambda: repack_weights(self.weights, cpu_layers, on_cpu))
         if done.n_matrices and progress:
             progress(f"repack: {done.n_matrices} matrices ({', '.join(done.types)}) interleaved by 8 rows for the "
                      f"CPU ({format_size(done.n_bytes)})")
