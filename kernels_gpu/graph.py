@@ -12,12 +12,19 @@ CaptureUnsupported, e.g. MoE routing on the host) runs eagerly from then on, and
 
 A step may hand work to the host in the middle (`host_break(fn)`: routed experts computed by the CPU beside a GPU
 layer): what was launched before it must finish, then fn() runs on the host, then the launches go on. Eagerly
-that is a synchronization and a call; captured, the step becomes several graphs with the host calls between them
-(the copies to and from pinned memory that feed fn are inside the graphs), replayed in the same order.
+that is a synchronization and a call. Captured, the step stays one graph: at each break it signals the host
+through a flag in page-locked host memory (host_sync.cu: a one-thread kernel writes the break's number), then
+waits in a one-thread kernel until the host has written the same number into a second flag. A replay launches the
+graph once; the host waits for each break's signal, runs its fn (whose inputs the graph copied to pinned memory
+before the signal, and whose outputs it copies back after the wait) and answers. No launch, no stream
+synchronization per break. Where the device lacks unified addressing (the kernels could not reach host memory at
+the host's address), a captured step is cut at each break into pieces instead: each piece launched, synchronized,
+then its fn, as eagerly. A host fn must not wait for the step's stream (it would wait for itself).
 """
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -33,6 +40,16 @@ def _align(n: int, a: int = 256) -> int:
     return -(-n // a) * a
 
 
+HOST_WAIT_S = 120.0  # a host break gives up after this long (the host waiting for the GPU, or the GPU for the host)
+GPU_CLOCK_HZ = 2.0e9  # clock64() ticks a second, at most (the GPU's wait is at least HOST_WAIT_S)
+_READY, _DONE, _TIMED_OUT = 0, 32, 64  # int32 offsets of the flags in their page-locked buffer (own cache lines)
+_RELEASE = 1 << 30  # DONE at this value lets every remaining wait of a replay through (after a failed host call)
+
+
+class HostBreakError(RuntimeError):
+    """A replayed step's host break failed: the GPU never signalled it, or waited past HOST_WAIT_S for the host."""
+
+
 @dataclass
 class _Entry:
     pool: object  # cupy.cuda.MemoryPool private to this key: its scratch is never handed to other code
@@ -42,7 +59,8 @@ class _Entry:
     slots: object
     n_slots: int
     graph: object = None  # the last piece (the whole step when it has no host break)
-    pieces: list = field(default_factory=list)  # [(graph, host fn)]: replayed in order before `graph`
+    pieces: list = field(default_factory=list)  # [(graph or None, host fn)]: the host calls in order; with a graph,
+    # a piece launched before its call (the split form); with None, `graph` signals and waits at each (one graph)
     out: object = None
     runs: int = 0
     reason: str | None = None  # why this key runs eagerly (None: it is captured, or will be)
@@ -55,9 +73,9 @@ class GraphStats:
     eager: int = 0  # eager runs: first runs of a key, disabled graphs, or steps that cannot be captured
     capture_ms: float = 0.0
     reasons: dict = field(default_factory=dict)  # reason -> eager runs for it
-    # replays with host breaks, in seconds of host wall time: launching the pieces before a break, waiting for them
-    # (the GPU's work and the synchronization), and the host calls between them (scripts/offload_decode_profile.py)
-    pieces: int = 0
+    # replays with host breaks, in seconds of host wall time: launching the graph (or the pieces before each break),
+    # waiting for the GPU to reach each break, and the host calls (scripts/offload_decode_profile.py)
+    pieces: int = 0  # host breaks replayed
     piece_launch_s: float = 0.0
     piece_wait_s: float = 0.0
     host_s: float = 0.0
@@ -66,7 +84,9 @@ class GraphStats:
 class GraphRunner:
     """Runs decode steps on its own stream, captured once per key and replayed (see the module docstring)."""
 
-    def __init__(self, max_graphs: int = 16) -> None:
+    def __init__(self, max_graphs: int = 16, one_graph: bool = True) -> None:
+        """one_graph=False: host breaks always cut a captured step into pieces (the form without unified
+        addressing; scripts/offload_decode_profile.py compares the two)."""
         import cupy  # noqa: PLC0415
 
         self._cp = cupy
@@ -83,6 +103,24 @@ class GraphRunner:
         self._h_out: np.ndarray | None = None  # pinned landing for the output
         self._h_out_mem = None
         self._ready = cupy.cuda.Event(disable_timing=True)
+        # the flags of in-graph host breaks (host_sync.cu), or None: breaks cut the graph into pieces
+        self._flags, self._flags_ptr, self._sync = self._host_flags() if one_graph else (None, 0, None)
+
+    def _host_flags(self):
+        """(int32 flags over page-locked memory, its address, (signal, wait) kernels), or (None, 0, None) where the
+        device cannot read host memory at the host's address (no unified addressing)."""
+        cp = self._cp
+        dev = cp.cuda.Device()
+        if not cp.cuda.runtime.getDeviceProperties(dev.id).get("unifiedAddressing", 0):
+            return None, 0, None
+        from .module import get_kernel  # noqa: PLC0415 - compiled now: not while a capture runs
+
+        nbytes = 4 * (_TIMED_OUT + 32)
+        ptr = cp.cuda.runtime.hostAlloc(nbytes, 1 | 2)  # cudaHostAllocPortable | cudaHostAllocMapped
+        self._flags_mem = _HostAlloc(ptr)
+        flags = np.ctypeslib.as_array((ctypes.c_int32 * (nbytes // 4)).from_address(ptr))
+        flags[:] = 0
+        return flags, ptr, (get_kernel("host_sync", "host_signal"), get_kernel("host_sync", "host_wait"))
 
     # ---- pinned host buffers
     def _pinned(self, nbytes: int, which: str) -> np.ndarray:
@@ -139,20 +177,11 @@ class GraphRunner:
         if e.graph is None and e.reason is None and e.runs > 0 and self.enabled:
             captured_now = self._capture(e, fn)
         if e.graph is not None and self.enabled:
-            if not captured_now:  # a capture ran its pieces before the last one already
-                s = self.stats
-                for g, host_fn in e.pieces:
-                    t0 = time.perf_counter()
-                    g.launch(st)
-                    t1 = time.perf_counter()
-                    st.synchronize()
-                    t2 = time.perf_counter()
-                    host_fn()
-                    s.piece_launch_s += t1 - t0
-                    s.piece_wait_s += t2 - t1
-                    s.host_s += time.perf_counter() - t2
-                s.pieces += len(e.pieces)
-            e.graph.launch(st)
+            if e.pieces and e.pieces[0][0] is None:
+                self._replay_breaks(e)
+            else:
+                self._replay_pieces(e, skip=len(e.pieces) if captured_now else 0)
+                e.graph.launch(st)
             out = e.out
             self.stats.replays += 1
         else:
@@ -170,15 +199,81 @@ class GraphRunner:
         cp.cuda.runtime.memcpyAsync(ho.ctypes.data, out.data.ptr, out.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
                                     st.ptr)
         st.synchronize()
+        self.check_breaks()
         return ho.view(np.float32)[: out.size].reshape(out.shape).copy()
 
-    def host_break(self, fn) -> None:
+    def _replay_pieces(self, e: _Entry, skip: int) -> None:
+        """The split form's pieces and host calls, in order (the first `skip` ran during the capture)."""
+        s, st = self.stats, self.stream
+        for g, host_fn in e.pieces[skip:]:
+            t0 = time.perf_counter()
+            g.launch(st)
+            t1 = time.perf_counter()
+            st.synchronize()
+            t2 = time.perf_counter()
+            host_fn()
+            s.piece_launch_s += t1 - t0
+            s.piece_wait_s += t2 - t1
+            s.host_s += time.perf_counter() - t2
+        s.pieces += len(e.pieces) - skip
+
+    def _replay_breaks(self, e: _Entry) -> None:
+        """One launch of a graph with in-graph host breaks, then each break's host call when the GPU signals it.
+        A failing call (or a wait past HOST_WAIT_S) releases the graph's remaining waits, lets it finish, and
+        raises; a GPU that gave up waiting for the host is reported after the step (HostBreakError)."""
+        s, st, f = self.stats, self.stream, self._flags
+        f[_READY] = f[_DONE] = f[_TIMED_OUT] = 0  # the stream is idle: every run ends with its synchronization
+        t0 = time.perf_counter()
+        e.graph.launch(st)
+        s.piece_launch_s += time.perf_counter() - t0
+        try:
+            for k, (_, host_fn) in enumerate(e.pieces, 1):
+                t1 = time.perf_counter()
+                spins = 0
+                while f[_READY] < k:
+                    spins += 1
+                    if not spins & 0xFFFF and time.perf_counter() - t1 > HOST_WAIT_S:
+                        raise HostBreakError(f"the GPU did not reach host break {k} of the step within {HOST_WAIT_S:.0f} s")
+                t2 = time.perf_counter()
+                host_fn()
+                f[_DONE] = k
+                s.piece_wait_s += t2 - t1
+                s.host_s += time.perf_counter() - t2
+        except BaseException:
+            f[_DONE] = _RELEASE
+            st.synchronize()
+            raise
+        s.pieces += len(e.pieces)
+
+    def check_breaks(self) -> None:
+        """After a step's synchronization: HostBreakError if the GPU gave up waiting for a host call (the step's
+        result went on with stale values)."""
+        if self._flags is not None and self._flags[_TIMED_OUT]:
+            self._flags[_TIMED_OUT] = 0
+            raise HostBreakError(f"a host break of the step took longer than {HOST_WAIT_S:.0f} s; its result is invalid")
+
+    def host_break(self, fn, beside=None) -> None:
         """Within a step: wait for what was launched so far, run fn() on the host, go on (see the module
-        docstring). Outside a capture, a synchronization of the step's stream and the call."""
+        docstring). Outside a capture, a synchronization of the step's stream and the call. beside(), when given,
+        launches GPU work that neither feeds fn nor reads its results: in the one-graph form it runs while the
+        host calls fn; otherwise it is launched after the call."""
         st = self.stream
         if not self.capturing:
             st.synchronize()
             fn()
+            if beside is not None:
+                beside()
+            return
+        if self._sync is not None:  # one graph: signal break k, wait for the host's k (nothing runs now)
+            k = np.int32(len(self._pieces) + 1)
+            signal, wait = self._sync
+            ptr = self._flags_ptr
+            signal((1,), (1,), (np.uint64(ptr + 4 * _READY), k))
+            if beside is not None:
+                beside()
+            wait((1,), (1,), (np.uint64(ptr + 4 * _DONE), k, np.uint64(ptr + 4 * _TIMED_OUT),
+                              np.int64(HOST_WAIT_S * GPU_CLOCK_HZ)))
+            self._pieces.append((None, fn))
             return
         g = st.end_capture()  # the piece so far: launched now (the host call needs its results), kept for replays
         if hasattr(g, "upload"):
@@ -188,9 +283,12 @@ class GraphRunner:
         fn()
         self._pieces.append((g, fn))
         st.begin_capture()
+        if beside is not None:
+            beside()
 
     def _capture(self, e: _Entry, fn) -> bool:
-        """Capture fn as e's graph (and pieces); True when it did (its pieces before the last one have run)."""
+        """Capture fn as e's graph (and its host breaks); True when it did (in the split form, its pieces before the
+        last one have run; in the one-graph form nothing has)."""
         cp = self._cp
         st = self.stream
         t0 = time.perf_counter()
@@ -250,3 +348,18 @@ class GraphRunner:
     def fallback(self) -> bool:
         """True when some decode step ran eagerly for a reason other than being the first run of its shape."""
         return any(k != "first run of a shape" for k in self.stats.reasons)
+
+
+class _HostAlloc:
+    """Owns a cudaHostAlloc block: freed with this object (the flags' buffer of a GraphRunner)."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __del__(self) -> None:
+        try:
+            import cupy  # noqa: PLC0415
+
+            cupy.cuda.runtime.freeHost(self.ptr)
+        except Exception:  # noqa: BLE001, S110 - at exit the CUDA context may be gone first
+            pass

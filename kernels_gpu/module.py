@@ -28,6 +28,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "moe": ("common.cu", "moe.cu"),
     "moe_cache": ("common.cu", "moe_cache.cu"),
     "unrepack": ("common.cu", "unrepack.cu"),
+    "host_sync": ("common.cu", "host_sync.cu"),
 }
 
 # source "files" made by code: name -> a function returning the text

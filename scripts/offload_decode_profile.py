@@ -4,9 +4,10 @@
     python3 scripts/offload_decode_profile.py MODEL.gguf --n-cpu-moe 24 [-t 16] [--tokens 64] [--moe-cache auto]
         [--vram-budget 12GiB] [--json OUT.json]
 
-A token is CUDA-graph pieces with host calls between them (kernels_gpu.graph). Per token, in host wall time:
-- launch: launching the pieces before each host break;
-- wait: waiting for each piece (the GPU's work, the copies to pinned memory, the synchronization);
+A token is one CUDA graph whose host breaks signal the host and wait for its answer (kernels_gpu.graph; --split:
+graph pieces with host calls between them). Per token, in host wall time:
+- launch: launching the graph (or the pieces before each host break);
+- wait: waiting for the GPU to reach each break (its work, the copies to pinned memory, the signal);
 - host: the host calls (HostExperts' CPU experts: Python, the compiled call and its threads);
   of which "cpu kernel": the compiled expert call alone, re-timed on the same inputs after the run;
 - rest: the last piece (the layers after the last break, the output layer), the input and output copies, Python
@@ -54,6 +55,8 @@ def main() -> int:
     ap.add_argument("--depth", type=int, default=64)
     ap.add_argument("--moe-cache", default="0")
     ap.add_argument("--vram-budget", default=None)
+    ap.add_argument("--split", action="store_true", help="host breaks cut the step's graph into pieces (the form "
+                    "without unified addressing) instead of signalling inside one graph")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -63,6 +66,11 @@ def main() -> int:
     eng = Engine.load(args.model, params)
     gpu = eng.output_backend
     he = gpu.host_experts
+    if args.split:
+        from kernels_gpu.graph import GraphRunner
+
+        with gpu.device:
+            gpu._graphs = GraphRunner(one_graph=False)
     rng = np.random.default_rng(3)
     cache = eng.new_cache()
     eng.eval(rng.integers(0, eng.config.n_vocab, args.depth), cache)
@@ -84,6 +92,7 @@ def main() -> int:
     ms = lambda s: 1e3 * s / n  # noqa: E731 - per token
     summary = {
         "model": str(args.model), "n_cpu_moe": args.n_cpu_moe, "threads": args.threads or "default",
+        "breaks": "pieces" if args.split else "one graph",
         "moe_cache": args.moe_cache, "tg_tps": n / total, "ms_per_token": ms(total),
         "median_ms_per_token": 1e3 * statistics.median(wall),
         "breaks_per_token": pieces / n, "launch_ms": ms(launch), "wait_ms": ms(wait), "host_ms": ms(host),

@@ -688,6 +688,64 @@ def test_kv_store_through_slots(type_name):
     np.testing.assert_array_equal(b.v.get(), a.v.get())
 
 
+def _host_break_step(runner, calls, fail_at=None):
+    """A step with a host break: y = 2x to pinned memory, the host adds 1 (fn), 3x computed beside it on the GPU,
+    the host's result back: 5x + 1. fail_at: the host call of that number raises."""
+    mem_in, mem_out = cupy.cuda.alloc_pinned_memory(32), cupy.cuda.alloc_pinned_memory(32)
+    h_in, h_out = np.frombuffer(mem_in, np.float32, 8), np.frombuffer(mem_out, np.float32, 8)
+    rt = cupy.cuda.runtime
+
+    def step(x, pos, slots):
+        st = cupy.cuda.get_current_stream()
+        y = x * 2
+        rt.memcpyAsync(h_in.ctypes.data, y.data.ptr, 32, rt.memcpyDeviceToHost, st.ptr)
+        z = []
+
+        def fn():
+            calls.append(len(calls) + 1)
+            if fail_at is not None and len(calls) == fail_at:
+                raise ValueError("host call failed")
+            h_out[:] = h_in + 1
+
+        runner.host_break(fn, beside=lambda: z.append(x * 3))
+        back = cupy.empty((1, 8), dtype=cupy.float32)
+        rt.memcpyAsync(back.data.ptr, h_out.ctypes.data, 32, rt.memcpyHostToDevice, st.ptr)
+        return back + z[0]
+
+    step.buffers = (mem_in, mem_out)  # alive while the step is
+    return step
+
+
+def test_graph_runner_host_breaks_in_one_graph():
+    """A step with a host break is captured as one graph (the host signalled and answered through flags in pinned
+    memory) and replays with new inputs; a failing host call raises and leaves the runner usable."""
+    from kernels_gpu.graph import GraphRunner
+
+    runner = GraphRunner()
+    assert runner._sync is not None  # the H200 has unified addressing
+    calls: list = []
+    step = _host_break_step(runner, calls)
+    for i in range(6):
+        x = np.arange(8, dtype=np.float32)[None] + i
+        np.testing.assert_array_equal(runner.run("hb", step, x, i, []), 5 * x + 1, err_msg=f"step {i}")
+    st = runner.stats
+    assert (st.captured, st.eager) == (1, 1) and st.replays == 5 and st.pieces == 5, (runner.report(), st)
+    assert len(calls) == 6
+    entry = next(iter(runner._entries.values()))
+    assert len(entry.pieces) == 1 and entry.pieces[0][0] is None  # one graph, not pieces
+
+    bad_calls: list = []
+    bad = _host_break_step(runner, bad_calls, fail_at=4)
+    for i in range(5):
+        x = np.full((1, 8), i, dtype=np.float32)
+        if i == 3:
+            with pytest.raises(ValueError, match="host call failed"):
+                runner.run("bad", bad, x, i, [])
+            continue
+        np.testing.assert_array_equal(runner.run("bad", bad, x, i, []), 5 * x + 1, err_msg=f"bad step {i}")
+    np.testing.assert_array_equal(runner.run("hb", step, np.ones((1, 8), np.float32), 0, []), 6.0)
+
+
 def test_graph_runner_replays_for_new_inputs_and_falls_back():
     from kernels_gpu.graph import CaptureUnsupported, GraphRunner
 

@@ -121,14 +121,18 @@ class GpuBackend:
         """True when some decode step had to run eagerly (capture impossible, or graphs turned off)."""
         return self._graphs is not None and self._graphs.fallback
 
-    def host_call(self, fn) -> None:
+    def host_call(self, fn, beside=None) -> None:
         """Run fn() on the host once the work launched so far has finished: inside a decode step a host break of
-        its CUDA graph (kernels_gpu.graph), else a synchronization of the current stream, then the call."""
+        its CUDA graph (kernels_gpu.graph), else a synchronization of the current stream, then the call. beside()
+        launches GPU work independent of fn, run beside it where the step allows (graph.host_break). fn must not
+        wait for the current stream."""
         if self._graphs is not None and self._graphs.active:
-            self._graphs.host_break(fn)
+            self._graphs.host_break(fn, beside)
             return
         self._cupy.cuda.get_current_stream().synchronize()
         fn()
+        if beside is not None:
+            beside()
 
     def report_routing(self, lw, ids, wts) -> None:
         """Tell routing_observer (when set) the device routing ids, wts (cupy (n_tok, k)) of the MoE layer of

@@ -16,7 +16,8 @@ entry is set to -1 on the step's stream, then the copies of the new experts star
 after that (an event), straight from the page-locked pages of the model file; the table entry of a copy is written
 (on the step's stream, so it is ordered before every later lookup) at a later host break that finds the copy's event
 done. Nothing waits for a copy. A table write is a 4-byte copy from a constant pinned array (-1, or the slot's id).
-The GPU's hit kernels run before the host break, not beside the CPU: graph.host_break waits for the whole stream.
+The GPU's hit kernels run beside the CPU's misses in a captured step (graph.host_break's `beside`: between the
+signal to the host and the wait for it), after the host call in an eager one.
 """
 
 from __future__ import annotations
@@ -98,7 +99,7 @@ class ExpertCache:
         wts = cupy.ascontiguousarray(wts, dtype=cupy.float32)
         found, slots, wts_hit = moe_cache.lookup(self.table[row], ids, wts, self.n_slots)
         gate, up, down = self.pools[row]
-        part = moe._decode(h, slots, wts_hit, gate, up, down, spec.ffn_act)  # the hits' weighted sum
+        part = []  # the hits' weighted sum, on the GPU beside the CPU's misses where the step allows
         buf = self._bufs.get((row, n_tok))
         if buf is None:
             buf = self._bufs[(row, n_tok)] = _Pinned(n_tok, n_embd, k, cfg.n_expert)
@@ -127,11 +128,12 @@ class ExpertCache:
                 buf.out[...] = 0.0
             s.cpu_seconds += time.perf_counter() - t0  # the host break's time, the book's included
 
-        he.gpu.host_call(experts)
+        he.gpu.host_call(experts, beside=lambda: part.append(moe._decode(h, slots, wts_hit, gate, up, down,
+                                                                          spec.ffn_act)))
         out = cupy.empty((n_tok, n_embd), dtype=cupy.float32)
         cupy.cuda.runtime.memcpyAsync(out.data.ptr, buf.out.ctypes.data, buf.out.nbytes,
                                       cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
-        return part + out
+        return part[0] + out
 
     def _pinned_found(self, row: int, n_tok: int, k: int) -> np.ndarray:
         import cupy  # noqa: PLC0415
