@@ -104,6 +104,8 @@ def _kernels() -> tuple[Kernel, ...]:
                (*_DRIVER, I8_2, F32_2, I16_2, F32_2, F32_2, F32_2, *_TASKS),
                ("vec_dot_k.rows_dot", "k_tokens.rows_dot4")),
         Kernel("kernels_cpu.act_quant", "quantize_q8_k_rows", (F32_2, I8_2, F32_2, I16_2)),
+        # the sampler's top-k (every generating command)
+        Kernel("kernels_cpu.topk", "top_k_ids", (F32_1, I64)),
         # the ops around them
         *(Kernel("kernels_cpu.norm", n, (F32_2, RO_F32_1, BOOL, F32, F32_2))
           for n in ("_rms_norm_rows_serial", "_rms_norm_rows_par")),
@@ -172,6 +174,7 @@ INT_DOTS = {"Q8_0": ("act_quant.quantize_q8_1_rows", "vec_dot_legacy.matmul_q8_0
             "Q8_K": ("act_quant.quantize_q8_k_rows", "vec_dot_k.matmul_q8_k_act")}
 RMS_NORM = "norm.rms_norm_rows"
 ROPE_TABLES = "rope._rope_tables"
+TOP_K = "topk.top_k_ids"
 REPACK = {"Q4_0": "legacy_x8._repack_groups", "Q5_0": "legacy_x8._repack_groups", "Q4_K": "q4_k_x8._repack_groups",
           "MXFP4": "mxfp4_x8._repack_groups", "IQ4_XS": "iq4_xs_x8._repack_groups"}
 

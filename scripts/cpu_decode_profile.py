@@ -78,10 +78,11 @@ def moe_steps_timed():
         n_pairs = pair_tok.shape[0]
         g = np.empty((n_pairs, gate[0].shape[1]), dtype=np.float32)
         u, act = np.empty_like(g), np.empty_like(g)
-        moe._projection(nt, h, pair_tok, offsets, used, gate, up, g, u, act, glu_op, table)
+        none = np.empty((0, 0), dtype=np.float32)  # no biases, no second matrix
+        moe._projection(nt, h, pair_tok, offsets, used, gate, up, g, u, act, glu_op, table, none, none)
         d = np.empty((n_pairs, down[0].shape[1]), dtype=np.float32)
-        none = np.empty((0, 0), dtype=np.float32)
-        moe._projection(nt, act, np.arange(n_pairs), offsets, used, down, empty, d, none, none, glu_op, table)
+        moe._projection(nt, act, np.arange(n_pairs), offsets, used, down, empty, d, none, none, glu_op, table, none,
+                        none)
         ts[2] = now(buf)
         out = np.empty((h.shape[0], d.shape[1]), dtype=np.float32)
         moe._weighted_sum(ids, w, pair_of, d, out)

@@ -1,6 +1,7 @@
 """Token sampling with llama.cpp's default chain: penalties -> top-k -> top-p -> min-p -> temperature -> draw.
 
-Greedy (`temp <= 0`) is an argmax. Top-k uses a partial selection, so 262k logits are never fully sorted.
+Greedy (`temp <= 0`) is an argmax. Top-k is one compiled pass over the logits (kernels_cpu.topk), so 262k logits
+are never sorted, nor copied.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+
+from kernels_cpu.topk import MAX_K as TOPK_MAX_K
+from kernels_cpu.topk import top_k_ids
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,8 +73,12 @@ def apply_penalties(logits: np.ndarray, history, p: SamplingParams) -> np.ndarra
 
 
 def top_k(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k largest logits and their ids, sorted descending (ties: lower id first)."""
+    """The k largest logits and their ids, sorted descending (ties: lower id first). float32 logits and k up to
+    kernels_cpu.topk.MAX_K: one compiled pass (top_k_ids); else numpy's partition of the whole vocabulary."""
     n = logits.shape[0]
+    if 0 < k < n and k <= TOPK_MAX_K and logits.dtype == np.float32 and logits.ndim == 1:
+        ids = top_k_ids(np.ascontiguousarray(logits), k)
+        return ids, logits[ids]
     if 0 < k < n:
         part = np.argpartition(-logits, k - 1)[:k]
     else:
