@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gguf_io.errors import HybridError
+
 
 class CaptureUnsupported(RuntimeError):
     """Raised by a step that cannot be captured into a CUDA graph (a host round trip inside it)."""
@@ -46,7 +48,7 @@ _READY, _DONE, _TIMED_OUT = 0, 32, 64  # int32 offsets of the flags in their pag
 _RELEASE = 1 << 30  # DONE at this value lets every remaining wait of a replay through (after a failed host call)
 
 
-class HostBreakError(RuntimeError):
+class HostBreakError(HybridError, RuntimeError):
     """A replayed step's host break failed: the GPU never signalled it, or waited past HOST_WAIT_S for the host."""
 
 
@@ -233,7 +235,8 @@ class GraphRunner:
                 while f[_READY] < k:
                     spins += 1
                     if not spins & 0xFFFF and time.perf_counter() - t1 > HOST_WAIT_S:
-                        raise HostBreakError(f"the GPU did not reach host break {k} of the step within {HOST_WAIT_S:.0f} s")
+                        raise HostBreakError(f"the GPU did not reach host break {k} of a decode step within "
+                                             f"{HOST_WAIT_S:.0f} s")
                 t2 = time.perf_counter()
                 host_fn()
                 f[_DONE] = k
@@ -250,7 +253,8 @@ class GraphRunner:
         result went on with stale values)."""
         if self._flags is not None and self._flags[_TIMED_OUT]:
             self._flags[_TIMED_OUT] = 0
-            raise HostBreakError(f"a host break of the step took longer than {HOST_WAIT_S:.0f} s; its result is invalid")
+            raise HostBreakError(f"a host call of a decode step took longer than {HOST_WAIT_S:.0f} s; the step's "
+                                 f"result is invalid")
 
     def host_break(self, fn, beside=None) -> None:
         """Within a step: wait for what was launched so far, run fn() on the host, go on (see the module

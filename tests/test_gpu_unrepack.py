@@ -54,8 +54,8 @@ def test_gpt_oss_repacked_experts_in_ram_match_the_file_layout(fixtures_dir):
     seq[0] = 1
     out, dec = {}, {}
     for repack in (True, False):
-        eng = Engine.load(path, EngineParams(n_ctx=128, n_batch=96, n_ubatch=96, n_gpu_layers="all", repack=repack, op_offload=True,
-                                             overrides=build_overrides((), True, 0)))
+        eng = Engine.load(path, EngineParams(n_ctx=128, n_batch=96, n_ubatch=96, n_gpu_layers="all", repack=repack,
+                                             op_offload=True, overrides=build_overrides((), True, 0)))
         try:
             types = {lw[n].type_name for lw in eng.weights.layers for n in EXPERT_TENSORS}
             assert types == ({"MXFP4_X8"} if repack else {"MXFP4"}), types

@@ -35,8 +35,8 @@ def _products(ws: Iterable[Weight]) -> set[str]:
 def cpu_kernel_keys(spec: ArchSpec, layers: Iterable[dict[str, Weight]], output: Weight | None, repack: bool,
                     output_tied: bool = False) -> tuple[str, ...]:
     """The kernels a warm-up calls for these CPU layers and, unless None, the output matrix `output` (on the CPU,
-    with its norm), and the sampler's top-k; with repack, the repack's kernels for the types it will interleave (an output tied to the
-    token embeddings is never repacked). Sorted keys of kernels_cpu.signatures.KERNELS."""
+    with its norm), and the sampler's top-k; with repack, the repack's kernels for the types it will interleave (an
+    output tied to the token embeddings is never repacked). Sorted keys of kernels_cpu.signatures.KERNELS."""
     keys: set[str] = {sig.TOP_K}  # the sampler's, whatever runs the layers
     matrices: list[Weight] = []
     for lw in layers:
