@@ -2,7 +2,7 @@
 """Where a decode token goes when GPU layers keep their routed experts in RAM (`-ngl 99 --n-cpu-moe N`).
 
     python3 scripts/offload_decode_profile.py MODEL.gguf --n-cpu-moe 24 [-t 16] [--tokens 64] [--moe-cache auto]
-        [--vram-budget 12GiB] [--json OUT.json]
+        [--vram-budget 12GiB] [--split] [--json OUT.json]
 
 A token is one CUDA graph whose host breaks signal the host and wait for its answer (kernels_gpu.graph; --split:
 graph pieces with host calls between them). Per token, in host wall time:
@@ -12,6 +12,8 @@ graph pieces with host calls between them). Per token, in host wall time:
   of which "cpu kernel": the compiled expert call alone, re-timed on the same inputs after the run;
 - rest: the last piece (the layers after the last break, the output layer), the input and output copies, Python
   of Engine.eval.
+With --moe-cache, the cache's host call is split too: validating finished copies, the book, the uploads' launches,
+choosing the misses, the CPU kernel on them.
 """
 
 from __future__ import annotations
@@ -42,6 +44,37 @@ def kernel_time(he, reps: int = 20) -> tuple[float, int]:
     return (statistics.median(times) if times else 0.0), len(fns)
 
 
+def time_cache_parts(he) -> dict[str, list]:
+    """Wrap the parts of the expert cache's host call (backends/moe_cache/runtime.py) with timers: the validation of
+    finished copies, the book's decision, the uploads' launches, the misses' selection, the CPU kernel. Returns
+    {part: [seconds, calls]}, updated as the steps run."""
+    from hybrid.backends.moe_cache import runtime
+
+    acc: dict[str, list] = {}
+
+    def timed(name, fn):
+        acc.setdefault(name, [0.0, 0])
+
+        def run(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[name][0] += time.perf_counter() - t0
+                acc[name][1] += 1
+
+        return run
+
+    cache = he.cache
+    cache._validate = timed("validate", cache._validate)
+    cache.book.decode = timed("book", cache.book.decode)
+    cache._upload = timed("upload launches", cache._upload)
+    runtime.missed = timed("misses", runtime.missed)
+    cpu_args = he._cpu_args
+    he._cpu_args = lambda *a: timed("cpu kernel", cpu_args(*a))
+    return acc
+
+
 def main() -> int:
     from hybrid.engine import Engine, EngineParams
     from hybrid.plan.overrides import build_overrides
@@ -66,6 +99,7 @@ def main() -> int:
     eng = Engine.load(args.model, params)
     gpu = eng.output_backend
     he = gpu.host_experts
+    parts = time_cache_parts(he) if he.cache is not None else None  # before any step captures its host calls
     if args.split:
         from kernels_gpu.graph import GraphRunner
 
@@ -78,6 +112,7 @@ def main() -> int:
     for _ in range(4):  # eager, captured, replayed
         tok = int(np.argmax(eng.eval([tok], cache)[-1]))
     st = gpu._graphs.stats
+    parts_base = {k: tuple(v) for k, v in parts.items()} if parts is not None else {}
     base = (st.pieces, st.piece_launch_s, st.piece_wait_s, st.host_s, he.stats.cpu_seconds, he.stats.cpu_batches)
     wall = []
     for _ in range(args.tokens):
@@ -102,6 +137,10 @@ def main() -> int:
         "per_break_us_outside_kernel": 1e6 * (launch + wait + host - k_s * k_layers * n) / max(pieces, 1),
         "graph_report": gpu.graph_report(),
     }
+    if parts is not None:  # the expert cache's host call, part by part (ms a token, calls a token)
+        for name, (secs, calls) in parts.items():
+            summary[f"cache {name} ms"] = ms(secs - parts_base[name][0])
+            summary[f"cache {name} calls"] = (calls - parts_base[name][1]) / n
     for k, v in summary.items():
         print(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}")
     if args.json:
