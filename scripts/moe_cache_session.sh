@@ -5,6 +5,8 @@
 # with a skewed router (and, with EVEN=1, its unskewed twin). Phases, each one device call:
 #
 #   bash scripts/moe_cache_session.sh tests    the cache's and the host-expert GPU tests, the models, llama.cpp's build
+#   bash scripts/moe_cache_session.sh profile  scripts/offload_decode_profile.py with --moe-cache auto and 0 (the
+#                                              cache's host call split into its parts), at NCMOE (default 24), 12 GiB
 #   bash scripts/moe_cache_session.sh bench    per budget (12, 24 GiB): hybrid probe's N and cache size, then hybrid
 #                                              bench --moe-cache auto,0 and llama-bench at that N; a table last
 #   env: OUT (default /tmp/moe_cache), MODEL (default /tmp/qwen3moe-30b-skew.gguf, made with --router-skew 1.0),
@@ -26,6 +28,15 @@ if [[ $PHASE == tests ]]; then
     python3 scripts/make_model.py /tmp/qwen3moe-30b.gguf --arch qwen3moe --preset qwen3moe-30b > "$OUT/make_even.log" 2>&1
   fi
   wait_llama
+  exit 0
+fi
+
+if [[ $PHASE == profile ]]; then  # where a decode token goes, with the cache and without (models made by `tests`)
+  for cache in auto 0; do
+    stamp "profile -ncmoe ${NCMOE:-24} --moe-cache $cache"
+    timeout -k 5 200 python3 scripts/offload_decode_profile.py "$MODEL" -ncmoe "${NCMOE:-24}" -t "$THREADS" \
+      --vram-budget 12GiB --moe-cache "$cache" --json "$OUT/profile_$cache.json" 2>&1 | tail -n 40
+  done
   exit 0
 fi
 
