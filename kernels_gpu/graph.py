@@ -118,7 +118,10 @@ class GraphRunner:
         from .module import get_kernel  # noqa: PLC0415 - compiled now: not while a capture runs
 
         nbytes = 4 * (_TIMED_OUT + 32)
-        ptr = cp.cuda.runtime.hostAlloc(nbytes, 1 | 2)  # cudaHostAllocPortable | cudaHostAllocMapped
+        try:
+            ptr = cp.cuda.runtime.hostAlloc(nbytes, 1 | 2)  # cudaHostAllocPortable | cudaHostAllocMapped
+        except cp.cuda.runtime.CUDARuntimeError:  # no mapped host memory here: the split form
+            return None, 0, None
         self._flags_mem = _HostAlloc(ptr)
         flags = np.ctypeslib.as_array((ctypes.c_int32 * (nbytes // 4)).from_address(ptr))
         flags[:] = 0
