@@ -93,13 +93,13 @@ def _bit4(hb, v):
 def _half_sum(w, qo, hb, half, xl0, xl1, xh0, xh1, five):
     """int16 lanes (4 per row) of sum q * q8 over one block of 4 rows (rows 4 half ..): qs of chunk c at
     qo + 64 c, and for Q5_0 (five) the 5th bits from hb."""
-    q0, q1 = load_i8x32(w, qo), load_i8x32(w, qo + 64)
-    lo0, hi0, lo1, hi1 = and_i8(q0, 15), shr_i8(q0, 4), and_i8(q1, 15), shr_i8(q1, 4)
-    if five:
-        lo0, hi0 = or_i8(lo0, _bit4(hb, 2 * half)), or_i8(hi0, _bit4(hb, 2 * half + 1))
-        lo1, hi1 = or_i8(lo1, _bit4(hb, 4 + 2 * half)), or_i8(hi1, _bit4(hb, 5 + 2 * half))
-    # |lane| <= 4 * 2 * 31 * 127 < 2**15
-    return add_i16(add_i16(maddubs(lo0, xl0), maddubs(hi0, xh0)), add_i16(maddubs(lo1, xl1), maddubs(hi1, xh1)))
+    return _codes_sum(_codes(w, qo, hb, half, five), xl0, xl1, xh0, xh1)
+
+
+@njit(inline="always")
+def _codes_sum(c, xl0, xl1, xh0, xh1):
+    """int16 lanes of sum q * q8 for the 4 code vectors c of _codes (|lane| <= 4 * 2 * 31 * 127 < 2**15)."""
+    return add_i16(add_i16(maddubs(c[0], xl0), maddubs(c[1], xh0)), add_i16(maddubs(c[2], xl1), maddubs(c[3], xh1)))
 
 
 @njit(inline="always")
@@ -165,8 +165,7 @@ def _tok8(f_lo, f_hi, a, b, xq, xo, dx, h8, off):
     else:
         ones = splat_i16(1)
         z = add_i16(add_i16(maddubs(off, xl0), maddubs(off, xh0)), add_i16(maddubs(off, xl1), maddubs(off, xh1)))
-        s_lo = add_i16(add_i16(maddubs(a[0], xl0), maddubs(a[1], xh0)), add_i16(maddubs(a[2], xl1), maddubs(a[3], xh1)))
-        s_hi = add_i16(add_i16(maddubs(b[0], xl0), maddubs(b[1], xh0)), add_i16(maddubs(b[2], xl1), maddubs(b[3], xh1)))
+        s_lo, s_hi = _codes_sum(a, xl0, xl1, xh0, xh1), _codes_sum(b, xl0, xl1, xh0, xh1)
         i_lo, i_hi = madd(sub_i16(s_lo, z), ones), madd(sub_i16(s_hi, z), ones)
     d8 = scale_f32(h8, dx)
     return fmav_f32(f_lo, cvt_f32(i_lo), dup_lo_f32(d8)), fmav_f32(f_hi, cvt_f32(i_hi), dup_hi_f32(d8))
