@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hybrid.backends.moe_cache.policy import POLICIES
+from hybrid.backends.moe_cache.policy import check_slots
 
 _NEVER = np.iinfo(np.int64).max
 
@@ -27,11 +27,7 @@ class LayerSlots:
 
     def __init__(self, n_expert: int, top_k: int, n_slots: int, policy: str = "lru",
                  max_inserts: int | None = None) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown cache policy {policy!r}: expected one of {', '.join(POLICIES)}")
-        if not top_k + 1 <= n_slots <= n_expert:
-            raise ValueError(f"a layer's expert cache needs top_k + 1 = {top_k + 1} to n_expert = {n_expert} slots, "
-                             f"found {n_slots}")
+        check_slots(n_expert, top_k, n_slots, policy)
         self.policy, self.n_slots = policy, n_slots
         self.cap = top_k if max_inserts is None else min(top_k, max_inserts)
         self.slot_of = np.full(n_expert, -1, dtype=np.int32)

@@ -21,16 +21,21 @@ POLICIES = ("lru", "lfu", "lfru")
 _NEVER = np.iinfo(np.int64).max
 
 
+def check_slots(n_expert: int, top_k: int, n_slots: int, policy: str) -> None:
+    """ValueError unless `policy` is known and a layer has top_k + 1 to n_expert slots."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown cache policy {policy!r}: expected one of {', '.join(POLICIES)}")
+    if not top_k + 1 <= n_slots <= n_expert:
+        raise ValueError(f"a layer's expert cache needs top_k + 1 = {top_k + 1} to n_expert = {n_expert} slots "
+                         f"(a step's own experts are never evicted), found {n_slots}")
+
+
 class SlotPool:
     """Slot pools of n_layer MoE layers of n_expert experts, top_k routed a token, n_slots each (see module)."""
 
     def __init__(self, n_layer: int, n_expert: int, top_k: int, n_slots: int, policy: str = "lfru",
                  max_inserts: int | None = None) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"unknown cache policy {policy!r}: expected one of {', '.join(POLICIES)}")
-        if not top_k + 1 <= n_slots <= n_expert:
-            raise ValueError(f"a layer's expert cache needs top_k + 1 = {top_k + 1} to n_expert = {n_expert} slots "
-                             f"(a step's own experts are never evicted), found {n_slots}")
+        check_slots(n_expert, top_k, n_slots, policy)
         if max_inserts is not None and max_inserts < 0:
             raise ValueError(f"max_inserts must be >= 0 (or None: no cap), found {max_inserts}")
         self.n_layer, self.n_expert, self.top_k, self.n_slots = n_layer, n_expert, top_k, n_slots
