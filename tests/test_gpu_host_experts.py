@@ -102,21 +102,31 @@ def test_greedy_ids_agree_across_placements(moe_model):
         eng = Engine.load(moe_model, EngineParams(n_ctx=64, n_gpu_layers=ngl, op_offload=True,
                                                   overrides=build_overrides((), False, ncm)))
         try:
-            cache = eng.new_cache()
-            logits = eng.eval(prompt, cache)
-            ids, margins = [], []
-            for _ in range(12):
-                top2 = np.sort(log_softmax(logits))[-2:]
-                margins.append(top2[1] - top2[0])
-                ids.append(int(np.argmax(logits)))
-                logits = eng.eval([ids[-1]], cache)
-            outs[key] = (ids, margins)
+            outs[key] = greedy(eng, prompt, 12)
         finally:
             eng.close()
-    ref, ref_margins = outs["gpu"]
+    assert_agree_to_first_tie(outs, "gpu")
+
+
+def greedy(eng, prompt: list[int], n: int) -> tuple[list[int], list[float]]:
+    """n greedy tokens after prompt, and each step's top-2 log-prob margin."""
+    cache = eng.new_cache()
+    logits = eng.eval(prompt, cache)
+    ids, margins = [], []
+    for _ in range(n):
+        top2 = np.sort(log_softmax(logits))[-2:]
+        margins.append(top2[1] - top2[0])
+        ids.append(int(np.argmax(logits)))
+        logits = eng.eval([ids[-1]], cache)
+    return ids, margins
+
+
+def assert_agree_to_first_tie(outs: dict, ref_key) -> None:
+    """Every run's greedy ids equal outs[ref_key]'s up to its first near tie (top-2 within 1e-2 in the reference),
+    as tests/test_split.py."""
+    ref, ref_margins = outs[ref_key]
     for key, (ids, _) in outs.items():
         first_diff = next((i for i, (a, b) in enumerate(zip(ids, ref)) if a != b), None)
-        # equal up to the first near tie (top-2 within 1e-2 in the reference), as tests/test_split.py
         assert first_diff is None or ref_margins[first_diff] < 1e-2, (key, ids, ref)
 
 
