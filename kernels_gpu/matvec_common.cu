@@ -237,6 +237,11 @@ __device__ __forceinline__ void dequant_body(const u8* __restrict__ w, const i32
     const u8 *__restrict__ w, const i32 *__restrict__ ids, long long expert_bytes, const float *__restrict__ x, \
         int x_div, float *__restrict__ y, int n_out, int n_blocks, int wpr
 
+// built with -DMOE_MMA=1 (kernels_gpu/moe.py), a type's entries are its prefill MoE GEMMs instead (moe_mma.cu):
+// a separate build, so that a dense model's first run does not compile them
+#if defined(MOE_MMA) && MOE_MMA
+#define QUANT_ENTRIES(name, Q) MOE_MMA_ENTRIES(name, Q)
+#else
 #define QUANT_ENTRIES(name, Q)                                                                               \
     extern "C" __global__ void __launch_bounds__(256) matvec_##name##_1r1(MV_ARGS) {                         \
         matvec_cached<Q, 1, 1>(w, x, y, n_out, n_blocks, ntok, wpr);                                         \
@@ -270,3 +275,4 @@ __device__ __forceinline__ void dequant_body(const u8* __restrict__ w, const i32
                                                   float* out, int n_rows, int n_blocks) {                    \
         dequant_body<Q, false>(w, rows, out, n_rows, n_blocks);                                              \
     }
+#endif

@@ -17,9 +17,9 @@ HERE = Path(__file__).resolve().parent
 
 # module name -> the source files it is made of, in order
 MODULES: dict[str, tuple[str, ...]] = {
-    "matvec_legacy": ("common.cu", "matvec_common.cu", "matvec_legacy.cu"),
-    "matvec_k": ("common.cu", "matvec_common.cu", "matvec_k.cu"),
-    "matvec_iq": ("common.cu", "matvec_common.cu", "iq_grids.cu", "matvec_iq.cu"),
+    "matvec_legacy": ("common.cu", "matvec_common.cu", "moe_mma.cu", "matvec_legacy.cu"),
+    "matvec_k": ("common.cu", "matvec_common.cu", "moe_mma.cu", "matvec_k.cu"),
+    "matvec_iq": ("common.cu", "matvec_common.cu", "moe_mma.cu", "iq_grids.cu", "matvec_iq.cu"),
     "matvec_q8": ("common.cu", "matvec_q8.cu", "matvec_q8_staged.cu"),
     "matvec_float": ("common.cu", "matvec_float.cu"),
     "ops": ("common.cu", "ops.cu"),
@@ -81,6 +81,7 @@ def get_kernel(module: str, kernel: str, defines: tuple[tuple[str, int], ...] = 
 CHECK_VARIANTS: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {
     "attention": ((("ATT_E", 4), ("ATT_HPC", 4)), (("ATT_E", 8), ("ATT_HPC", 4)), (("ATT_E", 3), ("ATT_HPC", 8)),
                   (("ATTP_D", 128),), (("ATTP_D", 256),)),
+    **{m: ((("MOE_MMA", 1),),) for m in ("matvec_legacy", "matvec_k", "matvec_iq")},  # moe_mma.cu's entries
 }
 
 

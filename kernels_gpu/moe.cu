@@ -229,3 +229,47 @@ extern "C" __global__ void __launch_bounds__(256) moe_glu_q8(const float* __rest
     const float s_hi = __shfl_sync(0xffffffffu, s, 16);
     if ((threadIdx.x & 31) == 0) xm[i >> 5] = make_float4(d, s, s_hi, 0.0f);
 }
+
+// Groups a batch's (token, slot) pairs by expert for moe_mma.cu, on the device (no copy of the ids to the host):
+// ids (n_pairs = n_tok k,) -> each pair's row dest[i] (its expert's rows are consecutive, experts in order; within
+// an expert the order is the atomics', which changes no result: a GEMM row depends on its own activations only),
+// src[row] = the row's token, tiles (expert, first row, rows <= bm, 0) for every bm rows of an expert, and their
+// count in *n_tiles (the GEMMs' grids are sized for the most there can be: n_pairs / bm + experts used). One CTA.
+#define MOE_GROUP_THREADS 1024
+extern "C" __global__ void __launch_bounds__(MOE_GROUP_THREADS) moe_group(const i32* __restrict__ ids, int n_pairs,
+                                                                           int k, int n_expert, int bm,
+                                                                           i32* __restrict__ tiles,
+                                                                           i32* __restrict__ n_tiles,
+                                                                           i32* __restrict__ src,
+                                                                           i32* __restrict__ dest) {
+    __shared__ int cnt[MOE_MAX_EXPERTS], off[MOE_MAX_EXPERTS], toff[MOE_MAX_EXPERTS + 1];
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) dest[i] = atomicAdd(&cnt[ids[i]], 1);  // the rank
+    __syncthreads();
+    if (threadIdx.x == 0) {  // exclusive scans of rows and tiles (n_expert <= MOE_MAX_EXPERTS: a few microseconds)
+        int rows = 0, nt = 0;
+        for (int e = 0; e < n_expert; ++e) {
+            off[e] = rows;
+            toff[e] = nt;
+            rows += cnt[e];
+            nt += (cnt[e] + bm - 1) / bm;
+        }
+        toff[n_expert] = nt;
+        *n_tiles = nt;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_expert; e += blockDim.x)
+        for (int j = 0; j < toff[e + 1] - toff[e]; ++j) {
+            i32* t = tiles + 4 * (toff[e] + j);
+            t[0] = e;
+            t[1] = off[e] + j * bm;
+            t[2] = min(bm, cnt[e] - j * bm);
+            t[3] = 0;
+        }
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
+        const int r = off[ids[i]] + dest[i];
+        dest[i] = r;
+        src[r] = i / k;
+    }
+}

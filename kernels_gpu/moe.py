@@ -420,6 +420,84 @@ def _row_experts(runs: list, n_rows: int) -> np.ndarray:
     return e
 
 
+MM_BM, MM_BN, MM_LD, MM_THREADS = 64, 64, 264, 128  # moe_mma.cu's tile rows and columns, smem row, threads
+MMA_DEFINES = (("MOE_MMA", 1),)  # the build of a type's module that holds its moe_mma entries
+
+
+def mma_why_not(gate: tuple, up: tuple, down: tuple) -> str:
+    """"" when prefill_mma runs these experts ((raw, type) each), else why not: gate and up of one type and
+    shape, every type a quantized GPU type, even output sizes and inputs in whole 32-element groups."""
+    if gate[1] != up[1] or gate[0].shape != up[0].shape:
+        return f"gate and up differ ({gate[1]} {gate[0].shape}, {up[1]} {up[0].shape})"
+    for raw, type_name in (gate, down):
+        if not supported(type_name):
+            return f"no GPU kernels for experts of {type_name}"
+        _, n_out, n_in, _ = _expert_dims(raw, type_name)
+        if n_out % 2 or n_in % 32:
+            return f"expert of {n_out} x {n_in}: need an even output size and inputs a multiple of 32"
+    return ""
+
+
+def group(ids, n_expert: int) -> tuple:
+    """The (token, slot) pairs of ids (cupy int32 (n_tok, k)) grouped by expert on the device (moe_group, one CTA,
+    no host synchronization): (tiles int32 (max_tiles, 4) = (expert, first row, rows <= MM_BM, 0), n_tiles int32
+    (1,): how many of them are real, src int32 (pairs,): each row's token, dest int32 (pairs,): each pair's row).
+    max_tiles, the most there can be, sizes the GEMMs' grids."""
+    import cupy  # noqa: PLC0415
+
+    n_tok, k = ids.shape
+    n_pairs = n_tok * k
+    if not 0 < n_expert <= MOE_MAX_EXPERTS:
+        raise ValueError(f"moe group: need 0 < n_expert <= {MOE_MAX_EXPERTS}, found {n_expert}")
+    max_tiles = n_pairs // MM_BM + min(n_expert, n_pairs)  # ceil(c / MM_BM) <= c // MM_BM + 1 for a used expert
+    buf = cupy.empty(4 * max_tiles + 1 + 2 * n_pairs, dtype=cupy.int32)
+    tiles, n_tiles = buf[:4 * max_tiles].reshape(max_tiles, 4), buf[4 * max_tiles:4 * max_tiles + 1]
+    src, dest = buf[4 * max_tiles + 1:4 * max_tiles + 1 + n_pairs], buf[4 * max_tiles + 1 + n_pairs:]
+    i32 = np.int32
+    get_kernel("moe", "moe_group")((1,), (1024,), (cupy.ascontiguousarray(ids, dtype=cupy.int32), i32(n_pairs),
+                                                    i32(k), i32(n_expert), i32(MM_BM), tiles, n_tiles, src, dest))
+    return tiles, n_tiles, src, dest
+
+
+def _mma_kernel(type_name: str, glu_: bool):
+    """moe_mma_glu_<t> (gate and up) or moe_mma_<t> (one projection), with its dynamic shared memory (bytes)."""
+    k = gpu_kernel(type_name)
+    fn = get_kernel(k.module, f"moe_mma{'_glu' if glu_ else ''}_{k.suffix}", MMA_DEFINES)
+    smem = (MM_BM + (2 if glu_ else 1) * MM_BN) * MM_LD * 2
+    if fn.max_dynamic_shared_size_bytes < smem:  # past 48 KiB needs the opt-in attribute
+        fn.max_dynamic_shared_size_bytes = smem
+    return fn, smem
+
+
+def prefill_mma(h, ids, wts, gate: tuple, up: tuple, down: tuple, act: str, biases: tuple = (None, None, None)):
+    """The experts of routed tokens (ids, wts from route) for a batch, on the tensor cores (moe_mma.cu): the pairs
+    grouped by expert on the device (group), then one launch for gate and up with the GLU (fp16 out), one for down
+    (float32 out) and moe_combine; no host synchronization (a prefill batch can be one CUDA graph). The experts
+    stay quantized: each CTA dequantizes its tile's blocks into shared memory. gate/up/down are (raw on the device,
+    type) with mma_why_not(...) == ""; biases each projection's (n_expert, n_out) f32 rows or None."""
+    import cupy  # noqa: PLC0415
+
+    n_tok = h.shape[0]
+    h = cupy.ascontiguousarray(h, dtype=cupy.float32)
+    n_expert, n_ff, n_embd, eb_gate = _expert_dims(*gate)
+    _, n_out, n_in, eb_down = _expert_dims(*down)
+    tiles, n_tiles, src, dest = group(ids, n_expert)
+    max_tiles, n_rows = tiles.shape[0], src.shape[0]
+    i32, i64, null = np.int32, np.int64, np.uint64(0)
+    bg, bu, bd = (null if b is None else cupy.ascontiguousarray(b, dtype=cupy.float32) for b in biases)
+    a16 = cupy.empty((n_rows, n_ff), dtype=cupy.float16)
+    y = cupy.empty((n_rows, n_out), dtype=cupy.float32)
+    if max_tiles:
+        fn, smem = _mma_kernel(gate[1], True)
+        fn((-(-n_ff // MM_BN), max_tiles), (MM_THREADS,), (gate[0], up[0], i64(eb_gate), tiles, n_tiles, h, src,
+                                                           i32(n_embd), i32(n_ff), bg, bu, i32(GLU_ACTS[act]), a16),
+           shared_mem=smem)
+        fn, smem = _mma_kernel(down[1], False)
+        fn((-(-n_out // MM_BN), max_tiles), (MM_THREADS,), (down[0], i64(eb_down), tiles, n_tiles, a16, i32(n_in),
+                                                            i32(n_out), bd, y), shared_mem=smem)
+    return combine(y, wts, n_tok, rows=dest)
+
+
 def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, routing: Router, act: str, on_route=None,
             biases: tuple = (None, None, None)):
     """The MoE FFN of h (see the module docstring); every weight a (raw on the device, GGML type) pair, biases the
@@ -440,5 +518,7 @@ def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, routing: Rout
         on_route(ids, wts)
     if h.shape[0] <= MATVEC_MAX_TOKENS:
         return _decode(h, ids, wts, gate, up, down, act, biases)
-    shapes = tuple(_expert_dims(*w)[1:3] for w in (gate, up, down))
+    if not mma_why_not(gate, up, down):
+        return prefill_mma(h, ids, wts, gate, up, down, act, biases)
+    shapes = tuple(_expert_dims(*w)[1:3] for w in (gate, up, down))  # gate and up of two types: dequant + cuBLAS
     return prefill(h, ids, wts, shapes, tuple(resident_experts(*w) for w in (gate, up, down)), act, biases=biases)

@@ -4,11 +4,10 @@
     python3 scripts/moe_prefill_profile.py MODEL.gguf [--layer 0] [-n 512] [--reps 10] [--real] [--json OUT.json]
 
 Uploads one layer's router and expert tensors, then times moe_ffn on n random rows (--real: the layer's own input
-in a prefill of n random tokens, so routed as the model routes): the whole call (median
-wall time with a device synchronization, what a prefill layer costs), and each part timed alone with a
-synchronization before and after (router matmul, routing, the host grouping with its copy of the ids, the gather,
-each projection's dequantization and GEMMs, the GLU, the combine). Parts timed alone add up to more than the whole
-(no overlap of host and device work between them).
+in a prefill of n random tokens, so routed as the model routes): the whole call (median wall time with a device
+synchronization, what a prefill layer costs) next to the dequantize + cuBLAS path (moe.prefill) on the same input,
+and each part of moe_ffn timed alone with a synchronization before and after (router matmul, routing, the grouping,
+the gate+up GEMM with the GLU, the down GEMM, the combine). Parts timed alone add up to more than the whole.
 """
 
 from __future__ import annotations
@@ -73,8 +72,16 @@ def main() -> int:
             dev = {n: (cupy.asarray(np.ascontiguousarray(lw[n].raw)), lw[n].type_name) for n in names}
         h = cupy.asarray(np.random.default_rng(0).standard_normal((args.n, cfg.n_embd)).astype(np.float32))
 
+    router = moe.Router(cfg.n_expert_used, True)
+    experts = tuple(dev[n] for n in names[1:])
+    shapes = tuple(moe._expert_dims(*w)[1:3] for w in experts)
+
     def call():
-        return moe.moe_ffn(h, *(dev[n] for n in names), moe.Router(cfg.n_expert_used, True), "silu")
+        return moe.moe_ffn(h, dev[names[0]], *experts, router, "silu")
+
+    def call_dequant():  # the dequantize + cuBLAS path the tensor-core kernels replace, for the ratio
+        ids_, wts_ = moe.route_with(moe.matmul(*dev[names[0]], h), router)
+        return moe.prefill(h, ids_, wts_, shapes, tuple(moe.resident_experts(*w) for w in experts), "silu")
 
     def timed(fn) -> float:
         cupy.cuda.Device().synchronize()
@@ -83,18 +90,19 @@ def main() -> int:
         cupy.cuda.Device().synchronize()
         return time.perf_counter() - t0
 
-    for _ in range(2):
-        call()
-    whole = statistics.median(timed(call) for _ in range(args.reps))
+    wholes = {}
+    for label, fn in (("tensor-core path (moe_ffn)", call), ("dequantize + cuBLAS path", call_dequant)):
+        for _ in range(2):
+            fn()
+        wholes[label] = statistics.median(timed(fn) for _ in range(args.reps))
+    agree = float(cupy.abs(call() - call_dequant()).max() / cupy.abs(call_dequant()).max())
 
     parts: dict[str, list[float]] = defaultdict(list)
-    wrapped = {"matmul": "router matmul", "route": "route", "_groups": "host grouping", "_gather_f16": "gather",
-               "glu": "glu", "combine": "combine"}
+    wrapped = {"matmul": "router matmul", "route_with": "route", "group": "grouping", "combine": "combine"}
     saved = {name: getattr(moe, name) for name in wrapped}
+    saved_kernel = moe._mma_kernel
 
-    def wrap(name, label):
-        orig = saved[name]
-
+    def sync_timed(orig, label):
         def w(*a, **k):
             cupy.cuda.Device().synchronize()
             t0 = time.perf_counter()
@@ -105,33 +113,13 @@ def main() -> int:
 
         return w
 
-    orig_resident = moe.resident_experts
-
-    def resident(raw, type_name):
-        inner = orig_resident(raw, type_name)
-
-        def dequant(e0, e1, out):
-            cupy.cuda.Device().synchronize()
-            t0 = time.perf_counter()
-            inner(e0, e1, out)
-            cupy.cuda.Device().synchronize()
-            parts["dequantize"].append(time.perf_counter() - t0)
-
-        return dequant
-
-    orig_gemm = moe._BatchedGemm.__call__
-
-    def gemm(self, *a):
-        cupy.cuda.Device().synchronize()
-        t0 = time.perf_counter()
-        orig_gemm(self, *a)
-        cupy.cuda.Device().synchronize()
-        parts["GEMMs"].append(time.perf_counter() - t0)
+    def mma_kernel(type_name, glu_):
+        fn, smem = saved_kernel(type_name, glu_)
+        return sync_timed(fn, "gate+up GEMM, GLU" if glu_ else "down GEMM"), smem
 
     for name, label in wrapped.items():
-        setattr(moe, name, wrap(name, label))
-    moe.resident_experts = resident
-    moe._BatchedGemm.__call__ = gemm
+        setattr(moe, name, sync_timed(saved[name], label))
+    moe._mma_kernel = mma_kernel
     try:
         runs = []
         for _ in range(args.reps):
@@ -141,25 +129,27 @@ def main() -> int:
     finally:
         for name in wrapped:
             setattr(moe, name, saved[name])
-        moe.resident_experts = orig_resident
-        moe._BatchedGemm.__call__ = orig_gemm
+        moe._mma_kernel = saved_kernel
     keys = [k for k in runs[0] if not k.endswith(" calls")]
     rows = {k: statistics.median(r[k] for r in runs) for k in keys}
-    ids, _ = moe.route(moe.matmul(dev[names[0]][0], dev[names[0]][1], h), cfg.n_expert_used, True)
-    grp, src, _ = moe._groups(cupy.asnumpy(ids), moe.max_run(((cfg.n_ff_exp, cfg.n_embd),) * 3))
+    ids, _ = moe.route_with(moe.matmul(*dev[names[0]], h), router)
     counts = np.bincount(cupy.asnumpy(ids).reshape(-1), minlength=cfg.n_expert)
+    tiles = int((-(-counts // moe.MM_BM)).sum())
     print(f"=== MoE prefill profile: {args.model.name} layer {args.layer} ({'real' if args.real else 'random'} "
           f"input; tokens an expert: max {counts.max()}, median {int(np.median(counts))}, unused "
-          f"{int((counts == 0).sum())}), {args.n} tokens, "
-          f"{cfg.n_expert} experts, {cfg.n_expert_used} used; {len(grp)} runs, {src.shape[0]} rows for "
-          f"{args.n * cfg.n_expert_used} pairs")
-    print(f"whole moe_ffn: {1e3 * whole:.3f} ms ({args.n / whole:.0f} tokens/s for this layer alone; x "
-          f"{cfg.n_layer} layers: {args.n / whole / cfg.n_layer:.0f} t/s)")
+          f"{int((counts == 0).sum())}), {args.n} tokens, {cfg.n_expert} experts, {cfg.n_expert_used} used; "
+          f"{tiles} tiles of <= {moe.MM_BM} rows")
+    for label, whole in wholes.items():
+        print(f"whole, {label}: {1e3 * whole:.3f} ms ({args.n / whole:.0f} tokens/s for this layer alone; x "
+              f"{cfg.n_layer} layers: {args.n / whole / cfg.n_layer:.0f} t/s)")
+    first, second = wholes.values()
+    print(f"tensor-core / dequantize speed: {second / first:.2f}x; outputs differ by {agree:.2e} of the largest")
     for k, v in sorted(rows.items(), key=lambda kv: -kv[1]):
-        print(f"  {k:16s} {1e3 * v:8.3f} ms  ({runs[0][k + ' calls']} calls)")
+        print(f"  {k:18s} {1e3 * v:8.3f} ms  ({runs[0][k + ' calls']} calls)")
     if args.json:
-        args.json.write_text(json.dumps({"whole_ms": 1e3 * whole, "parts_ms": {k: 1e3 * v for k, v in rows.items()},
-                                         "runs": len(grp), "rows": int(src.shape[0])}, indent=1))
+        args.json.write_text(json.dumps({"whole_ms": {k: 1e3 * v for k, v in wholes.items()},
+                                         "parts_ms": {k: 1e3 * v for k, v in rows.items()}, "tiles": tiles,
+                                         "max_rel_diff": agree}, indent=1))
     return 0
 
 

@@ -15,14 +15,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels_gpu.module import MODULES, OPTIONS, source  # noqa: E402
+from kernels_gpu.module import CHECK_VARIANTS, MODULES, OPTIONS, source  # noqa: E402
 
 
-def compile_module(lib, name: str, arch: str) -> tuple[bool, str]:
+def compile_module(lib, name: str, arch: str, defines: tuple = ()) -> tuple[bool, str]:
     prog = ctypes.c_void_p()
     if lib.nvrtcCreateProgram(ctypes.byref(prog), source(name).encode(), name.encode(), 0, None, None):
         return False, "nvrtcCreateProgram failed"
-    opts = [o.encode() for o in (*OPTIONS, f"--gpu-architecture={arch}")]
+    opts = [o.encode() for o in (*OPTIONS, *(f"-D{k}={v}" for k, v in defines), f"--gpu-architecture={arch}")]
     rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
     size = ctypes.c_size_t()
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
@@ -44,11 +44,13 @@ def main() -> int:
     lib = ctypes.CDLL(str(Path(args.lib) / "libnvrtc.so.13"))
     failed = 0
     for name in args.modules or MODULES:
-        ok, log = compile_module(lib, name, args.arch)
-        failed += not ok
-        print(f"{name}: {'ok' if ok else 'FAILED'}")
-        if log and (not ok or not args.quiet):
-            print(log)
+        for defines in ((), *CHECK_VARIANTS.get(name, ())):  # each build compile_all() makes
+            ok, log = compile_module(lib, name, args.arch, defines)
+            failed += not ok
+            label = name + "".join(f" -D{k}={v}" for k, v in defines)
+            print(f"{label}: {'ok' if ok else 'FAILED'}")
+            if log and (not ok or not args.quiet):
+                print(log)
     return 1 if failed else 0
 
 

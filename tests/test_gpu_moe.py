@@ -108,7 +108,8 @@ def ref_moe(h, ids, w, gate, up, down, types) -> np.ndarray:
 
 
 @pytest.mark.parametrize("n_tok", [1, 2, 8, 9, 64, 300])
-@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q5_K")])
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q5_K"),
+                                   ("Q4_K", "Q8_0", "Q6_K")])  # gate and up of two types: dequantize + cuBLAS
 def test_moe_ffn_vs_float64(n_tok, types):
     rng = np.random.default_rng(n_tok)
     n_expert, k, n_embd, n_ff = 16, 4, 512, 256
@@ -124,6 +125,88 @@ def test_moe_ffn_vs_float64(n_tok, types):
     ref = ref_moe(h, ids, w, gate, up, down, types)
     tol = NMSE_MOE_DECODE if n_tok <= 8 else NMSE_MOE_PREFILL
     assert nmse(got, ref) < tol
+
+
+@pytest.mark.parametrize("n_tok,n_expert,k", [(9, 16, 4), (64, 128, 8), (512, 128, 8), (10, 8, 8), (300, 4, 1),
+                                             (4096, 1000, 8)])
+@pytest.mark.parametrize("skew", [0.0, 3.0])
+def test_group_covers_every_pair_once_in_its_experts_tiles(n_tok, n_expert, k, skew):
+    """prefill_mma's layout (moe_group on the device): rows grouped by expert, experts in order, no padding, tiles
+    of at most MM_BM rows of one expert, as few as MM_BM allows, within the grid's bound."""
+    rng = np.random.default_rng(n_tok + k)
+    logits = rng.standard_normal((n_tok, n_expert)) * np.linspace(0.1, 3, n_expert)
+    logits[:, : n_expert // 8] += skew
+    ids = np.argsort(-logits, axis=1)[:, :k].astype(np.int32)
+    tiles, n_tiles, src, dest = (a.get() for a in moe.group(cupy.asarray(ids), n_expert))
+    flat = ids.reshape(-1)
+    assert src.shape == dest.shape == flat.shape and 0 < int(n_tiles[0]) <= tiles.shape[0]
+    expert_of_row = np.full(flat.size, -1)
+    for e, row0, rows, zero in tiles[:int(n_tiles[0])].tolist():
+        assert 0 < rows <= moe.MM_BM and zero == 0 and np.all(expert_of_row[row0:row0 + rows] == -1)
+        expert_of_row[row0:row0 + rows] = e
+    assert np.all(expert_of_row >= 0)  # the tiles cover every row once
+    assert np.all(np.diff(expert_of_row) >= 0)  # groups in expert order
+    assert sorted(dest.tolist()) == list(range(flat.size))  # one row per pair
+    assert np.array_equal(src[dest], np.arange(flat.size) // k)  # ... holding its token
+    assert np.array_equal(expert_of_row[dest], flat)  # ... in its expert's group
+    counts = np.bincount(flat, minlength=n_expert)
+    assert int(n_tiles[0]) == int((-(-counts // moe.MM_BM)).sum())
+
+
+def _glu64(g: np.ndarray, u: np.ndarray, act: str) -> np.ndarray:
+    if act == "silu":
+        return g / (1 + np.exp(-g)) * u
+    x, y = np.minimum(g, 7.0), np.clip(u, -7.0, 7.0)  # gpt-oss's clamped SwiGLU
+    return x / (1 + np.exp(-1.702 * x)) * (y + 1)
+
+
+@pytest.mark.parametrize("gate_t,down_t,n_embd,n_ff,act,bias", [
+    ("Q4_K", "Q6_K", 512, 256, "silu", False),
+    ("Q4_0", "Q8_0", 320, 96, "silu", False),  # a 64-element last K chunk; 96 columns: a partial column tile
+    ("MXFP4", "MXFP4", 320, 160, "swiglu_oai", True),  # gpt-oss: bias rows, the clamped SwiGLU
+    ("IQ4_XS", "Q5_K", 512, 256, "silu", False),
+    ("Q2_K", "Q3_K", 256, 256, "silu", False),
+    ("IQ2_XXS", "IQ3_S", 256, 256, "silu", False),
+])
+@pytest.mark.parametrize("n_tok", [9, 200])
+def test_prefill_mma_vs_float64(gate_t, down_t, n_embd, n_ff, act, bias, n_tok):
+    """The tensor-core grouped GEMMs (moe_mma.cu) on skewed routes: expert 0 takes most tokens (several tiles of
+    MM_BM rows), some experts none; float64 reference on the same routes."""
+    rng = np.random.default_rng(n_tok + n_ff)
+    n_expert, k = 8, 3
+    gate, up = (_experts(gate_t, n_expert, n_ff, n_embd, rng, 0.05) for _ in range(2))
+    down = _experts(down_t, n_expert, n_embd, n_ff, rng, 0.05)
+    scores = rng.random((n_tok, n_expert))
+    scores[:, 0] += 1.0  # every token picks expert 0
+    scores[:, 7] -= 1.0  # and none picks 7
+    ids = np.argsort(-scores, axis=1)[:, :k].astype(np.int32)
+    w = rng.random((n_tok, k)).astype(np.float32)
+    h = rng.standard_normal((n_tok, n_embd)).astype(np.float32)
+    biases = tuple(rng.standard_normal((n_expert, n)).astype(np.float32) * 0.1 if bias else None
+                   for n in (n_ff, n_ff, n_embd))
+    dev = [cupy.asarray(a) for a in (gate, up, down)]
+    assert moe.mma_why_not((dev[0], gate_t), (dev[1], gate_t), (dev[2], down_t)) == ""
+    got = moe.prefill_mma(cupy.asarray(h), cupy.asarray(ids), cupy.asarray(w), (dev[0], gate_t), (dev[1], gate_t),
+                          (dev[2], down_t), act, tuple(None if b is None else cupy.asarray(b) for b in biases)).get()
+    zero = (np.zeros((n_expert, n_ff)), np.zeros((n_expert, n_ff)), np.zeros((n_expert, n_embd)))
+    bg, bu, bd = (z if b is None else b.astype(np.float64) for b, z in zip(biases, zero))
+    ref = np.zeros((n_tok, n_embd))
+    for t in range(n_tok):
+        for j, e in enumerate(ids[t]):
+            g = ref_matmul(gate[e], gate_t, h[t][None])[0] + bg[e]
+            u = ref_matmul(up[e], gate_t, h[t][None])[0] + bu[e]
+            ref[t] += w[t, j] * (ref_matmul(down[e], down_t, _glu64(g, u, act)[None])[0] + bd[e])
+    assert nmse(got, ref) < NMSE_MOE_PREFILL
+
+
+def test_mma_why_not():
+    """prefill_mma takes gate and up of one type (moe_ffn's prefill otherwise dequantizes for cuBLAS)."""
+    rng = np.random.default_rng(5)
+    q4, q8, q6 = (cupy.asarray(_experts(t, 4, 64, 256, rng, 0.05)) for t in ("Q4_K", "Q8_0", "Q6_K"))
+    down = cupy.asarray(_experts("Q6_K", 4, 256, 256, rng, 0.05))
+    assert moe.mma_why_not((q4, "Q4_K"), (q4, "Q4_K"), (down, "Q6_K")) == ""
+    assert "differ" in moe.mma_why_not((q4, "Q4_K"), (q8, "Q8_0"), (down, "Q6_K"))
+    assert moe.mma_why_not((q6, "Q6_K"), (q6, "Q6_K"), (down, "Q6_K")) == ""
 
 
 def _kl(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -52,3 +52,4 @@ def test_buckets_round_up_by_at_most_a_quarter():
     sizes = [_bucket(m) for m in range(1, 4097)]
     assert all(b >= m and (b <= 32 if m <= 32 else b <= 1.25 * m) for m, b in zip(range(1, 4097), sizes))
     assert len(set(sizes)) <= 4 + 4 * 7  # 8..32, then four a power of two up to 4096
+
