@@ -420,7 +420,7 @@ def _row_experts(runs: list, n_rows: int) -> np.ndarray:
     return e
 
 
-MM_BM, MM_BN, MM_LD, MM_THREADS = 64, 64, 264, 128  # moe_mma.cu's tile rows and columns, smem row, threads
+MM_BM, MM_BN, MM_LD, MM_THREADS = 64, 64, 264, 256  # moe_mma.cu's tile rows and columns, smem row, threads
 MMA_DEFINES = (("MOE_MMA", 1),)  # the build of a type's module that holds its moe_mma entries
 
 

@@ -6,7 +6,8 @@
 // The rows of a batch's (token, expert) pairs are grouped by expert on the device (moe.cu: moe_group). A tile is
 // up to MM_BM consecutive rows of one expert: tiles (n_tiles, 4) int32 = (expert, first row, rows, 0), *n_tiles of
 // them. Grid (output column blocks of MM_BN, the most tiles there can be: CTAs past *n_tiles return at once),
-// MM_THREADS threads: 4 warps, each 32 rows x 32 columns of the 64 x 64 tile.
+// MM_THREADS threads: 8 warps, each 32 rows x 16 columns of the 64 x 64 tile (two CTAs an SM: 16 warps to hide the
+// latency of the loads).
 // K runs in chunks of MM_CK elements (whole blocks: 256-element blocks, or 8 of 32): the activations' chunk and
 // each weight's chunk go to shared memory as fp16, rows padded to MM_LD halves (conflict-free fragment loads).
 
@@ -14,7 +15,7 @@
 #define MM_BN 64
 #define MM_CK 256
 #define MM_LD (MM_CK + 8)
-#define MM_THREADS 128
+#define MM_THREADS 256
 
 // d += a (16x16, row major) * b (16x8, column major): fragment layouts of the PTX ISA for m16n8k16 .f16
 __device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], const u32 (&b)[2]) {
@@ -22,6 +23,13 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const u32 (&a)[4], cons
                  "{%0,%1,%2,%3};"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// two floats -> fp16 pair bits (a low, b high), round to nearest even: one cvt for both
+__device__ __forceinline__ u32 f2h2(float a, float b) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(b), "f"(a));
+    return r;
 }
 
 // rows [n0, n0 + MM_BN) of one expert's weight (clamped to n_out - 1: those columns are never stored), K chunk
@@ -44,8 +52,7 @@ __device__ __forceinline__ void mm_load_w(const u8* __restrict__ w, size_t row_b
             float v[4];
 #pragma unroll
             for (int e = 0; e < 4; ++e) v[e] = Q::HAS_MIN ? sc[k] * q[k][e] - mn[k] : sc[k] * q[k][e];
-            *(uint2*)(dst + xo[k]) = make_uint2((u32)f2h(v[0]) | ((u32)f2h(v[1]) << 16),
-                                                (u32)f2h(v[2]) | ((u32)f2h(v[3]) << 16));
+            *(uint2*)(dst + xo[k]) = make_uint2(f2h2(v[0], v[1]), f2h2(v[2], v[3]));
         }
     }
 }
@@ -62,7 +69,7 @@ __device__ __forceinline__ void mm_load_x(const float* __restrict__ x, const i32
             uint2 h = make_uint2(0u, 0u);
             if (r < rows) {
                 const float4 v = *(const float4*)(x + (size_t)src[row0 + r] * K + k0 + c);
-                h = make_uint2((u32)f2h(v.x) | ((u32)f2h(v.y) << 16), (u32)f2h(v.z) | ((u32)f2h(v.w) << 16));
+                h = make_uint2(f2h2(v.x, v.y), f2h2(v.z, v.w));
             }
             *(uint2*)(xs + r * MM_LD + c) = h;
         }
@@ -77,12 +84,17 @@ __device__ __forceinline__ void mm_load_x(const float* __restrict__ x, const i32
     }
 }
 
-// acc[i] += xs (this warp's 32 rows) * ws_i^T (its 32 columns) over a chunk of ck elements, for NW weights
+#define MM_NI 2  // n8 tiles a warp: 16 columns
+// this warp's rows and columns in the tile: 2 x 4 warps of 32 x 16
+#define MM_WARP_TILE                                                                 \
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3; \
+    const int wm = (warp >> 2) * 32, wn = (warp & 3) * (8 * MM_NI);
+
+// acc[i] += xs (this warp's 32 rows) * ws_i^T (its 16 columns) over a chunk of ck elements, for NW weights
 template <int NW>
 __device__ __forceinline__ void mm_chunk(const u16* __restrict__ xs, const u16* __restrict__ ws, int ck,
-                                         float (&acc)[NW][2][4][4]) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+                                         float (&acc)[NW][2][MM_NI][4]) {
+    MM_WARP_TILE
     for (int kk = 0; kk < ck; kk += 16) {
         u32 a[2][4];
 #pragma unroll
@@ -96,7 +108,7 @@ __device__ __forceinline__ void mm_chunk(const u16* __restrict__ xs, const u16* 
 #pragma unroll
         for (int i = 0; i < NW; ++i)
 #pragma unroll
-            for (int ni = 0; ni < 4; ++ni) {
+            for (int ni = 0; ni < MM_NI; ++ni) {
                 const u16* pb = ws + i * MM_BN * MM_LD + (wn + ni * 8 + g) * MM_LD + kk + 2 * t;
                 const u32 b[2] = {*(const u32*)pb, *(const u32*)(pb + 8)};
 #pragma unroll
@@ -111,7 +123,7 @@ template <class Q, int NW>
 __device__ __forceinline__ void mm_tile(const u8* __restrict__ w0, const u8* __restrict__ w1, long long expert_bytes,
                                         int e, int row0, int rows, int n0, int n_out, int K, const float* __restrict__ x,
                                         const i32* __restrict__ src, const u16* __restrict__ x16,
-                                        float (&acc)[NW][2][4][4]) {
+                                        float (&acc)[NW][2][MM_NI][4]) {
     extern __shared__ __align__(16) u16 mm_smem[];
     u16* xs = mm_smem;
     u16* ws = mm_smem + MM_BM * MM_LD;
@@ -122,7 +134,7 @@ __device__ __forceinline__ void mm_tile(const u8* __restrict__ w0, const u8* __r
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-            for (int ni = 0; ni < 4; ++ni)
+            for (int ni = 0; ni < MM_NI; ++ni)
 #pragma unroll
                 for (int c = 0; c < 4; ++c) acc[i][mi][ni][c] = 0.0f;
     for (int k0 = 0; k0 < K; k0 += MM_CK) {
@@ -148,14 +160,13 @@ __device__ __forceinline__ void moe_mma_glu_body(const u8* __restrict__ wg, cons
     if ((int)blockIdx.y >= *n_tiles) return;  // the grid is sized for the most tiles there can be
     const int e = tiles[4 * blockIdx.y], row0 = tiles[4 * blockIdx.y + 1], rows = tiles[4 * blockIdx.y + 2];
     const int n0 = blockIdx.x * MM_BN;
-    float acc[2][2][4][4];
+    float acc[2][2][MM_NI][4];
     mm_tile<Q, 2>(wg, wu, expert_bytes, e, row0, rows, n0, n_out, K, x, src, nullptr, acc);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    MM_WARP_TILE
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
+        for (int ni = 0; ni < MM_NI; ++ni)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 const int r = wm + mi * 16 + g + 8 * hh, n = n0 + wn + ni * 8 + 2 * t;
@@ -186,14 +197,13 @@ __device__ __forceinline__ void moe_mma_body(const u8* __restrict__ w, long long
     if ((int)blockIdx.y >= *n_tiles) return;  // the grid is sized for the most tiles there can be
     const int e = tiles[4 * blockIdx.y], row0 = tiles[4 * blockIdx.y + 1], rows = tiles[4 * blockIdx.y + 2];
     const int n0 = blockIdx.x * MM_BN;
-    float acc[1][2][4][4];
+    float acc[1][2][MM_NI][4];
     mm_tile<Q, 1>(w, w, expert_bytes, e, row0, rows, n0, n_out, K, nullptr, nullptr, x16, acc);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wm = (warp >> 1) * 32, wn = (warp & 1) * 32;
+    MM_WARP_TILE
 #pragma unroll
     for (int mi = 0; mi < 2; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 4; ++ni)
+        for (int ni = 0; ni < MM_NI; ++ni)
 #pragma unroll
             for (int hh = 0; hh < 2; ++hh) {
                 const int r = wm + mi * 16 + g + 8 * hh, n = n0 + wn + ni * 8 + 2 * t;
@@ -207,14 +217,14 @@ __device__ __forceinline__ void moe_mma_body(const u8* __restrict__ w, long long
 }
 
 #define MOE_MMA_ENTRIES(name, Q)                                                                             \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS) moe_mma_glu_##name(                             \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS, 2) moe_mma_glu_##name(                             \
         const u8* __restrict__ wg, const u8* __restrict__ wu, long long expert_bytes,                        \
         const i32* __restrict__ tiles, const i32* __restrict__ n_tiles, const float* __restrict__ x,         \
         const i32* __restrict__ src, int K, int n_out, const float* __restrict__ bg,                        \
         const float* __restrict__ bu, int act, u16* __restrict__ a16) {                                      \
         moe_mma_glu_body<Q>(wg, wu, expert_bytes, tiles, n_tiles, x, src, K, n_out, bg, bu, act, a16);     \
     }                                                                                                        \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS) moe_mma_##name(                                 \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS, 2) moe_mma_##name(                                 \
         const u8* __restrict__ w, long long expert_bytes, const i32* __restrict__ tiles,                    \
         const i32* __restrict__ n_tiles, const u16* __restrict__ x16, int K, int n_out,                     \
         const float* __restrict__ bias, float* __restrict__ y) {                                             \

@@ -87,6 +87,47 @@ extern "C" __global__ void rope_f32(float* x, const i32* __restrict__ pos, int n
     xr[i1] = x0 * sn + x1 * cs;
 }
 
+// QK-norm and RoPE of q and k in one launch, in place: each head row of q (n_tok, n_head, hd) and k (n_tok,
+// n_head_kv, hd) rms-normed with its weight (wq or wk, hd each), then rotated as rope_f32. A warp a row: the same
+// sums in the same order as rms_norm_f32's warp rows and the same rotation, so the result equals rms_norm_heads
+// then rope exactly; the normed row passes through shared memory for the rotation's pairs. 8 rows a CTA.
+#define QKNR_MAX_D 256
+extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_f32(float* q, float* k, const float* __restrict__ wq,
+                                                                   const float* __restrict__ wk,
+                                                                   const i32* __restrict__ pos, int n_tok, int n_head,
+                                                                   int n_head_kv, int hd, float eps, int n_rot,
+                                                                   float theta_scale, float freq_scale, int neox) {
+    __shared__ float buf[8][QKNR_MAX_D];
+    const int heads = n_head + n_head_kv;
+    const int row = blockIdx.x * 8 + threadIdx.y, lane = threadIdx.x;
+    if (row >= n_tok * heads) return;  // a whole warp: only __syncwarp below
+    const int t = row / heads, h = row - t * heads;
+    float* xr = h < n_head ? q + ((size_t)t * n_head + h) * hd : k + ((size_t)t * n_head_kv + (h - n_head)) * hd;
+    const float* w = h < n_head ? wq : wk;
+    float s = 0.0f;
+    for (int j = lane; j < hd; j += WARP) {
+        const float v = xr[j];
+        s += v * v;
+    }
+    s = warp_sum(s);
+    const float scale = 1.0f / sqrtf(s / (float)hd + eps);
+    float* b = buf[threadIdx.y];
+    for (int j = lane; j < hd; j += WARP) b[j] = xr[j] * scale * w[j];
+    __syncwarp();
+    const int half = n_rot >> 1;
+    for (int i = lane; i < half; i += WARP) {
+        const float theta = freq_scale * ((float)pos[t] * powf(theta_scale, (float)i));
+        float sn, cs;
+        sincosf(theta, &sn, &cs);
+        const int i0 = neox ? i : 2 * i;
+        const int i1 = neox ? i + half : 2 * i + 1;
+        const float x0 = b[i0], x1 = b[i1];
+        xr[i0] = x0 * cs - x1 * sn;
+        xr[i1] = x0 * sn + x1 * cs;
+    }
+    for (int j = n_rot + lane; j < hd; j += WARP) xr[j] = b[j];
+}
+
 // out = act(gate) * up (glu_act: act 0 silu, 1 gelu, tanh approximation as ggml_gelu, 2 swiglu_oai)
 extern "C" __global__ void glu_f32(const float* __restrict__ gate, const float* __restrict__ up, float* out,
                                    long long n, int act) {

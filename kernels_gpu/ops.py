@@ -114,6 +114,40 @@ def rope(x, positions, n_rot: int, freq_base: float, freq_scale: float = 1.0, mo
     return x
 
 
+QKNR_MAX_D = 256  # head_dim at most (qk_norm_rope_f32's shared rows)
+
+
+def qk_norm_rope(q, k, wq, wk, eps: float, positions, n_rot: int, freq_base: float, freq_scale: float = 1.0,
+                 mode: str = "norm"):
+    """rms_norm_heads of q and k (weights wq, wk (head_dim,) f32) then rope of both, in one launch and in place
+    (q (n_tok, n_head, hd), k (n_tok, n_head_kv, hd) contiguous f32; copied first if not): equal to the four calls.
+    Returns (q, k)."""
+    import cupy  # noqa: PLC0415
+
+    if mode not in ROPE_MODES:
+        raise ValueError(f"qk_norm_rope: mode must be one of {sorted(ROPE_MODES)}, found {mode!r}")
+    q, k = _f32("qk_norm_rope", q, 3), _f32("qk_norm_rope", k, 3)
+    n_tok, n_head, hd = q.shape
+    if k.shape[0] != n_tok or k.shape[2] != hd or hd > QKNR_MAX_D:
+        raise ValueError(f"qk_norm_rope: q {q.shape} and k {k.shape} need one token count and head_dim <= "
+                         f"{QKNR_MAX_D}")
+    if n_rot % 2 or not 0 < n_rot <= hd:
+        raise ValueError(f"qk_norm_rope: n_rot must be even and in (0, {hd}], found {n_rot}")
+    if not isinstance(positions, cupy.ndarray) or positions.dtype != cupy.int32 or positions.shape != (n_tok,):
+        raise ValueError(f"qk_norm_rope: positions must be a cupy int32 array of shape ({n_tok},)")
+    if wq is None or wk is None:
+        raise ValueError("qk_norm_rope: needs both norm weights")
+    wq, wk = _weight(wq, hd, "qk_norm_rope"), _weight(wk, hd, "qk_norm_rope")
+    rows = n_tok * (n_head + k.shape[1])
+    if rows == 0:
+        return q, k
+    theta_scale = np.float32(np.power(np.float32(freq_base), np.float32(-2.0) / np.float32(n_rot)))
+    get_kernel("ops", "qk_norm_rope_f32")(((rows + 7) // 8,), (32, 8), (
+        q, k, wq, wk, positions, np.int32(n_tok), np.int32(n_head), np.int32(k.shape[1]), np.int32(hd),
+        np.float32(eps), np.int32(n_rot), theta_scale, np.float32(freq_scale), np.int32(ROPE_MODES[mode])))
+    return q, k
+
+
 def _grid(n: int) -> tuple[int]:
     return (max(1, min((n + 255) // 256, 132 * 16)),)
 

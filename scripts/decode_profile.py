@@ -32,9 +32,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from gpu_check import time_events, time_graph  # noqa: E402
 
-OPS = ("matmul", "matmuls", "rms_norm", "add_rms_norm", "rms_norm_heads", "rope", "scale", "glu", "kv_store", "attention")
+OPS = ("matmul", "matmuls", "rms_norm", "add_rms_norm", "rms_norm_heads", "rope", "fused_qk_norm_rope", "scale", "glu",
+       "kv_store", "attention")
 # kernels_gpu.moe's module-level functions its moe_ffn calls, wrapped as the backend's ops are
-MOE_OPS = {"matmul": "moe router", "route": "moe route", "id_matvec": "moe experts",
+MOE_OPS = {"matmul": "moe router", "route_with": "moe route", "id_matvec": "moe experts",
            "glu": "moe glu", "_glu_q8": "moe glu+q8", "combine": "moe combine"}
 
 

@@ -314,6 +314,27 @@ def test_rope(mode, hd, n_rot, fscale):
     assert nmse(y, ref_rope(x, pos_big, n_rot, 1e6, fscale, mode)) < NMSE_ROPE_BIG_POS
 
 
+@pytest.mark.parametrize("mode", ["norm", "neox"])
+@pytest.mark.parametrize("hd,n_rot,n_head,n_head_kv", [(128, 128, 32, 4), (128, 64, 8, 8), (256, 256, 4, 1),
+                                                     (64, 64, 3, 1)])
+def test_qk_norm_rope_equals_the_four_ops(mode, hd, n_rot, n_head, n_head_kv):
+    """The one-kernel QK-norm + RoPE (qwen3's attention) against rms_norm_heads then rope of q and k."""
+    rng = np.random.default_rng(hd + n_head)
+    n_tok = 5
+    q = (rng.standard_normal((n_tok, n_head, hd)) * 3).astype(np.float32)
+    k = (rng.standard_normal((n_tok, n_head_kv, hd)) * 3).astype(np.float32)
+    wq, wk = (rng.standard_normal(hd).astype(np.float32) for _ in range(2))
+    pos = cupy.asarray(np.array([0, 7, 100, 4095, 32767], dtype=np.int32))
+    gq, gk = ops.qk_norm_rope(cupy.asarray(q), cupy.asarray(k), cupy.asarray(wq), cupy.asarray(wk), 1e-6, pos,
+                              n_rot, 1e6, 1.0, mode)
+    for got, x, w in ((gq, q, wq), (gk, k, wk)):
+        ref = ops.rope(ops.rms_norm_heads(cupy.asarray(x), cupy.asarray(w), 1e-6), pos, n_rot, 1e6, 1.0, mode)
+        np.testing.assert_allclose(got.get(), ref.get(), rtol=1e-6, atol=1e-6)  # the same arithmetic
+    with pytest.raises(ValueError, match="head_dim"):
+        ops.qk_norm_rope(cupy.zeros((1, 2, 512), cupy.float32), cupy.zeros((1, 1, 512), cupy.float32),
+                         cupy.zeros(512, cupy.float32), cupy.zeros(512, cupy.float32), 1e-6, pos[:1], 512, 1e4)
+
+
 @pytest.mark.parametrize("act", ["silu", "gelu"])
 def test_glu(act):
     rng = np.random.default_rng(2)

@@ -77,6 +77,11 @@ class Backend(Protocol):
     def from_host(self, x: np.ndarray) -> Array:
         """numpy -> this backend's array (one of its own passes through)."""
 
+    def fused_qk_norm_rope(self, q: Array, k: Array, wq: Array, wk: Array, eps: float, positions: np.ndarray,
+                           n_rot: int, base: float, scale: float, mode: str, yarn: tuple | None = None):
+        """(rope(rms_norm_heads(q, wq)), rope(rms_norm_heads(k, wk))) in one call (QK-norm models), or None where
+        this backend has no fused form (attention_block then runs the four ops)."""
+
     def fused_attention(self, spec, cfg, lw: dict[str, Weight], il: int, x: Array, positions: np.ndarray, kv):
         """layer_forward's attention part of x (n, n_embd) f32 (what is added to x) in one fused call, or None
         where this backend has no fused form for the layer (GPU backends: always None)."""

@@ -88,6 +88,11 @@ class CpuBackend:
         total = x + a
         return total, self.rms_norm(total, w, eps)
 
+    def fused_qk_norm_rope(self, q, k, wq, wk, eps: float, positions, n_rot: int, base: float, scale: float,
+                           mode: str, yarn: tuple | None = None) -> None:
+        """None: the CPU's QK-norm models run the four ops (or the fused layer, kernels_cpu.fused_layer)."""
+        return None
+
     def rms_norm_heads(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         return norm.rms_norm_heads(np.ascontiguousarray(x, dtype=np.float32), w, eps)
 

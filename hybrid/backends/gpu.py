@@ -240,6 +240,16 @@ class GpuBackend:
         factors, mscale = self._yarn[key]
         return rope_yarn(self._dev(x), self._positions(positions), factors, mscale, mode)
 
+    def fused_qk_norm_rope(self, q, k, wq, wk, eps: float, positions, n_rot: int, base: float, scale: float,
+                           mode: str, yarn: tuple | None = None):
+        """QK-norm and RoPE of q and k in one kernel (ops.qk_norm_rope), None with YaRN (rope_yarn's tables)."""
+        from kernels_gpu import ops  # noqa: PLC0415
+
+        if yarn is not None:
+            return None
+        return ops.qk_norm_rope(self._dev(q), self._dev(k), wq, wk, eps, self._positions(positions), n_rot, base,
+                                scale, mode)
+
     def scale(self, x, s: float):
         from kernels_gpu import ops  # noqa: PLC0415
 

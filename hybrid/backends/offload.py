@@ -102,6 +102,10 @@ class OffloadBackend:
     def rope(self, x, positions, n_rot: int, base: float, scale: float, mode: str, yarn: tuple | None = None):
         return self.gpu.rope(x, positions, n_rot, base, scale, mode, yarn)
 
+    def fused_qk_norm_rope(self, q, k, wq, wk, eps: float, positions, n_rot: int, base: float, scale: float,
+                           mode: str, yarn: tuple | None = None):
+        return self.gpu.fused_qk_norm_rope(q, k, wq, wk, eps, positions, n_rot, base, scale, mode, yarn)
+
     def scale(self, x, s: float):
         return self.gpu.scale(x, s)
 

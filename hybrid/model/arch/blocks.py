@@ -62,12 +62,19 @@ def attention_block(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight],
     q = q.reshape(n, cfg.n_head, hd_k)
     k = k.reshape(n, cfg.n_head_kv, hd_k)
     v = v.reshape(n, cfg.n_head_kv, hd_v)
-    if spec.qk_norm:
-        q = be.rms_norm_heads(q, lw["attn_q_norm"].raw, cfg.f_norm_rms_eps)
-        k = be.rms_norm_heads(k, lw["attn_k_norm"].raw, cfg.f_norm_rms_eps)
     base, fscale, n_swa = rope_params(cfg, il)
-    q = be.rope(q, positions, cfg.n_rot, base, fscale, cfg.rope_type, cfg.rope_yarn)
-    k = be.rope(k, positions, cfg.n_rot, base, fscale, cfg.rope_type, cfg.rope_yarn)
+    qk = None
+    if spec.qk_norm:  # the backend's one-kernel form where it has one
+        qk = be.fused_qk_norm_rope(q, k, lw["attn_q_norm"].raw, lw["attn_k_norm"].raw, cfg.f_norm_rms_eps, positions,
+                                   cfg.n_rot, base, fscale, cfg.rope_type, cfg.rope_yarn)
+    if qk is not None:
+        q, k = qk
+    else:
+        if spec.qk_norm:
+            q = be.rms_norm_heads(q, lw["attn_q_norm"].raw, cfg.f_norm_rms_eps)
+            k = be.rms_norm_heads(k, lw["attn_k_norm"].raw, cfg.f_norm_rms_eps)
+        q = be.rope(q, positions, cfg.n_rot, base, fscale, cfg.rope_type, cfg.rope_yarn)
+        k = be.rope(k, positions, cfg.n_rot, base, fscale, cfg.rope_type, cfg.rope_yarn)
     kq_scale = cfg.f_attention_scale
     if not spec.q_scale_in_attention:  # gemma3 scales q before attention and uses a unit kq scale
         q = be.scale(q, kq_scale)
