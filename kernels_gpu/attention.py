@@ -16,7 +16,9 @@ from .module import get_kernel
 ATT_THREADS = 128  # 4 warps (ATT_WARPS in attention.cu)
 ATT_E = (1, 2, 3, 4, 6, 8)  # head_dim / 32 values with a compiled kernel
 TARGET_CTAS = 1024  # enough CTAs to fill 132 SMs several times
-MIN_CHUNK = 64  # keys per split at least
+MIN_CHUNK = 64  # keys per split at least (sets the number of splits)
+DYNAMIC_MIN_CHUNK = 16  # a graph launch's splits take this many keys at least: a short context spreads over a few
+# splits (16 keys: one pass of the 4 warps) instead of one CTA walking 64 keys in 4 dependent passes
 PREFILL_MIN_TOK = 16  # batches this large (and not dynamic) take the tiled prefill kernel; 0 turns it off
 ATTP_THREADS = 256  # attn_prefill_d*: 16 x 16 threads
 ATTP_BQ = ATTP_BK = 64  # query rows and keys a tile (ATTP_BQ, ATTP_BK in attention.cu)
@@ -106,7 +108,7 @@ def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_s
     max_splits = max(1, -(-n_kv // min_chunk))
     n_splits = min(max_splits, max(1, -(-target_ctas // ctas)))
     if dynamic:
-        chunk = -max(1, min_chunk)  # the kernel takes max(min_chunk, ceil(keys in use / n_splits))
+        chunk = -max(1, min(min_chunk, DYNAMIC_MIN_CHUNK))  # the kernel: max(that, ceil(keys in use / n_splits))
     else:
         chunk = max(1, -(-n_kv // n_splits))
         n_splits = max(1, -(-n_kv // chunk))

@@ -66,6 +66,59 @@ extern "C" __global__ void add_rms_norm_f32(const float* x, const float* a, cons
     }
 }
 
+// rms_norm_f32 / add_rms_norm_f32 of rows of n = 4 V blockDim.x values (every array 16-byte aligned), one CTA
+// a row: each thread loads its V float4s in one round and keeps them in registers (a decode step's single row
+// otherwise pays a chain of dependent loads on one SM). With ADD, sum = x + a is written and normed; the two
+// forms take the same sums in the same order, so the norm of add_rms equals rms_norm's of the sum exactly.
+template <int V, bool ADD>
+__device__ __forceinline__ void rms_row_vec(const float* x, const float* a, const float* __restrict__ w, float* sum,
+                                            float* out, int n, float eps) {
+    const size_t off = (size_t)blockIdx.x * (n >> 2);
+    float4 v[V];
+    float s = 0.0f;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        v[k] = ((const float4*)x)[off + i];
+        if constexpr (ADD) {
+            const float4 b = ((const float4*)a)[off + i];
+            v[k] = make_float4(v[k].x + b.x, v[k].y + b.y, v[k].z + b.z, v[k].w + b.w);
+            ((float4*)sum)[off + i] = v[k];
+        }
+        s += v[k].x * v[k].x;
+        s += v[k].y * v[k].y;
+        s += v[k].z * v[k].z;
+        s += v[k].w * v[k].w;
+    }
+    s = row_sum(s);
+    const float scale = 1.0f / sqrtf(s / (float)n + eps);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        const int i = threadIdx.x + k * blockDim.x;
+        float4 o = make_float4(v[k].x * scale, v[k].y * scale, v[k].z * scale, v[k].w * scale);
+        if (w) {
+            const float4 g = ((const float4*)w)[i];
+            o = make_float4(o.x * g.x, o.y * g.y, o.z * g.z, o.w * g.w);
+        }
+        ((float4*)out)[off + i] = o;
+    }
+}
+
+#define RMS_VEC_ENTRIES(V)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(1024) rms_norm_vec##V##_f32(                               \
+        const float* x, const float* __restrict__ w, float* out, int n, float eps) {                        \
+        rms_row_vec<V, false>(x, nullptr, w, nullptr, out, n, eps);                                         \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_vec##V##_f32(                           \
+        const float* x, const float* a, const float* __restrict__ w, float* sum, float* out, int n,        \
+        float eps) {                                                                                        \
+        rms_row_vec<V, true>(x, a, w, sum, out, n, eps);                                                    \
+    }
+RMS_VEC_ENTRIES(1)
+RMS_VEC_ENTRIES(2)
+RMS_VEC_ENTRIES(4)
+RMS_VEC_ENTRIES(8)
+
 // In place: x (n_tok, n_head, head_dim); pair i < n_rot / 2 of head h of token t, one thread each.
 // NORM rotates (x[2i], x[2i+1]), NEOX (x[i], x[i + n_rot/2]); dims >= n_rot are left as they are.
 extern "C" __global__ void rope_f32(float* x, const i32* __restrict__ pos, int n_tok, int n_head, int head_dim,

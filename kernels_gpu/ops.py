@@ -29,6 +29,15 @@ def _rms_rows(x2, w, eps: float, out2, add=None) -> None:
     if n_rows == 0 or n == 0:
         return
     w_arg = np.uint64(0) if w is None else w
+    vec = _vec_rows(n, [x2, out2] + ([] if w is None else [w]) + ([] if add is None else list(add)))
+    if vec is not None:  # a CTA a row, its values in registers (rms_row_vec)
+        v, threads = vec
+        if add is None:
+            fn, args = get_kernel("ops", f"rms_norm_vec{v}_f32"), (x2, w_arg, out2)
+        else:
+            fn, args = get_kernel("ops", f"add_rms_norm_vec{v}_f32"), (x2, add[0], w_arg, add[1], out2)
+        fn((n_rows,), (threads, 1), (*args, np.int32(n), np.float32(eps)))
+        return
     if add is None:
         fn, args = get_kernel("ops", "rms_norm_f32"), (x2, w_arg, out2)
     else:
@@ -38,6 +47,19 @@ def _rms_rows(x2, w, eps: float, out2, add=None) -> None:
         fn((n_rows,), (threads, 1), (*args, np.int32(n_rows), np.int32(n), np.float32(eps)))
     else:  # a warp per row, 8 rows per CTA
         fn(((n_rows + 7) // 8,), (32, 8), (*args, np.int32(n_rows), np.int32(n), np.float32(eps)))
+
+
+def _vec_rows(n: int, arrays: list) -> tuple[int, int] | None:
+    """(V, threads) of rms_norm_vec{V}_f32 for rows of n values: n = 4 V threads with threads a multiple of 32 up
+    to 1024 and V in 1, 2, 4, 8, from n = 1024 on (shorter rows take a warp each), every array 16-byte aligned;
+    else None (rms_norm_f32)."""
+    if n < 1024 or n % 128 or any(a.data.ptr % 16 for a in arrays):
+        return None
+    for v in (1, 2, 4, 8):
+        threads = n // (4 * v)
+        if threads <= 1024 and threads % 32 == 0 and 4 * v * threads == n:
+            return v, threads
+    return None
 
 
 def _weight(w, n: int, name: str):

@@ -21,7 +21,10 @@ def _nmse(a, ref):
     return float(((a - ref) ** 2).sum() / (ref**2).sum())
 
 
-@pytest.mark.parametrize("n_tok,n", [(1, 4096), (1, 640), (7, 33), (3, 4096), (9, 1024), (1, 5120), (512, 2048)])
+# 2880: no float4 CTA shape (rms_norm_f32); 1024 on: a CTA a row in registers (rms_norm_vec*)
+@pytest.mark.parametrize("n_tok,n",
+                         [(1, 4096), (1, 640), (7, 33), (3, 4096), (9, 1024), (1, 5120), (512, 2048), (1, 2880),
+                          (2, 32768), (3, 16384)])
 @pytest.mark.parametrize("with_w", [True, False])
 def test_add_rms_norm_is_the_add_then_rms_norm(n_tok, n, with_w):
     rng = np.random.default_rng(n_tok * 1000 + n)

@@ -268,7 +268,9 @@ def ref_rms(x, w, eps):
     return y if w is None else y * w.astype(np.float64)
 
 
-@pytest.mark.parametrize("n_tok,n", [(1, 32), (7, 33), (3, 4096), (2, 1), (9, 1024), (1, 5120)])
+# 2880: no float4 CTA shape (rms_norm_f32); 1024 on: a CTA a row in registers (rms_norm_vec*)
+@pytest.mark.parametrize("n_tok,n",
+                         [(1, 32), (7, 33), (3, 4096), (2, 1), (9, 1024), (1, 5120), (1, 2880), (2, 32768), (3, 16384)])
 @pytest.mark.parametrize("with_w", [True, False])
 def test_rms_norm(n_tok, n, with_w):
     rng = np.random.default_rng(n_tok * 1000 + n)
