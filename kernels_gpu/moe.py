@@ -12,11 +12,15 @@ one launch for gate and up over every (token, selected expert) slot (`matvec_q8i
 Q8_MATVEC types, `matvec_id_*` on float activations for the others), the GLU, one launch for down on each slot's
 own GLU output, and `moe_combine`: no host synchronization, so a decode step stays one CUDA graph.
 
-Prefill: the same routing, then the (token, expert) pairs are grouped by expert on the host (one copy of the ids
-back: the group sizes set the GEMM shapes) into runs of consecutive used experts of similar group sizes, the tokens
-gathered into one fp16 matrix with each run's groups padded to its largest, and each run of each projection is
-one contiguous dequantization to fp16 and one strided-batched cuBLAS GEMM; `moe_combine` adds each token's rows
-back with its weights.
+Prefill of experts resident on the device (`prefill_mma`): the same routing, then the (token, expert) pairs grouped
+by expert on the device (`group`: rows in expert order, tiles of up to MM_BM rows of one expert), one tensor-core
+launch for gate and up with the GLU and one for down (moe_mma.cu: the quantized blocks dequantized tile by tile into
+shared memory), `moe_combine` adding each token's rows back with its weights; no host synchronization.
+
+Prefill of experts uploaded for the batch (`prefill`, the host-experts path; also gate and up of two types): the
+pairs grouped on the host (one copy of the ids back: the group sizes set the GEMM shapes) into runs of consecutive
+used experts of similar group sizes, the tokens gathered into one fp16 matrix with each run's groups padded to its
+largest, and each run of each projection one contiguous dequantization to fp16 and one strided-batched cuBLAS GEMM.
 """
 
 from __future__ import annotations
