@@ -148,6 +148,24 @@ __device__ __forceinline__ void mm_tile(const u8* __restrict__ w0, const u8* __r
     }
 }
 
+// f(mi, ni, hh, r, c) for each pair of accumulators of this warp: acc[.][mi][ni][2 hh], [2 hh + 1] hold tile row r,
+// columns c and c + 1 (c even)
+template <class F>
+__device__ __forceinline__ void mm_each_pair(F f) {
+    MM_WARP_TILE
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < MM_NI; ++ni)
+#pragma unroll
+            for (int hh = 0; hh < 2; ++hh) f(mi, ni, hh, wm + mi * 16 + g + 8 * hh, wn + ni * 8 + 2 * t);
+}
+
+// this CTA's tile: expert e, rows [row0, row0 + rows), columns from n0
+#define MM_THIS_TILE                                                                                        \
+    const int e = tiles[4 * blockIdx.y], row0 = tiles[4 * blockIdx.y + 1], rows = tiles[4 * blockIdx.y + 2]; \
+    const int n0 = blockIdx.x * MM_BN;
+
 // Gate and up with the GLU: a16[row, n] = glu_act(gate + bias_g, up + bias_u, act) in fp16, for the rows of every
 // tile (x: the normed tokens (n_tok, K) f32; src: each row's token). Biases (n_expert, n_out) f32, or null.
 template <class Q>
@@ -158,34 +176,27 @@ __device__ __forceinline__ void moe_mma_glu_body(const u8* __restrict__ wg, cons
                                                  const float* __restrict__ bg, const float* __restrict__ bu, int act,
                                                  u16* __restrict__ a16) {
     if ((int)blockIdx.y >= *n_tiles) return;  // the grid is sized for the most tiles there can be
-    const int e = tiles[4 * blockIdx.y], row0 = tiles[4 * blockIdx.y + 1], rows = tiles[4 * blockIdx.y + 2];
-    const int n0 = blockIdx.x * MM_BN;
+    MM_THIS_TILE
     float acc[2][2][MM_NI][4];
     mm_tile<Q, 2>(wg, wu, expert_bytes, e, row0, rows, n0, n_out, K, x, src, nullptr, acc);
-    MM_WARP_TILE
+    mm_each_pair([&](int mi, int ni, int hh, int r, int c0) {
+        const int n = n0 + c0;
+        if (r >= rows || n >= n_out) return;
+        u32 out = 0;
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < MM_NI; ++ni)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int r = wm + mi * 16 + g + 8 * hh, n = n0 + wn + ni * 8 + 2 * t;
-                if (r >= rows || n >= n_out) continue;
-                u32 out = 0;
-#pragma unroll
-                for (int c = 0; c < 2; ++c) {
-                    if (n + c >= n_out) continue;
-                    const float gv = acc[0][mi][ni][2 * hh + c] + (bg ? bg[(size_t)e * n_out + n + c] : 0.0f);
-                    const float uv = acc[1][mi][ni][2 * hh + c] + (bu ? bu[(size_t)e * n_out + n + c] : 0.0f);
-                    out |= (u32)f2h(glu_act(gv, uv, act)) << (16 * c);
-                }
-                u16* dst = a16 + (size_t)(row0 + r) * n_out + n;
-                if (n + 1 < n_out) {
-                    *(u32*)dst = out;  // n even, n_out even: 4-byte aligned
-                } else {
-                    *dst = (u16)out;
-                }
-            }
+        for (int c = 0; c < 2; ++c) {
+            if (n + c >= n_out) continue;
+            const float gv = acc[0][mi][ni][2 * hh + c] + (bg ? bg[(size_t)e * n_out + n + c] : 0.0f);
+            const float uv = acc[1][mi][ni][2 * hh + c] + (bu ? bu[(size_t)e * n_out + n + c] : 0.0f);
+            out |= (u32)f2h(glu_act(gv, uv, act)) << (16 * c);
+        }
+        u16* dst = a16 + (size_t)(row0 + r) * n_out + n;
+        if (n + 1 < n_out) {
+            *(u32*)dst = out;  // n even, n_out even: 4-byte aligned
+        } else {
+            *dst = (u16)out;
+        }
+    });
 }
 
 // One projection: y[row, n] = x16[row] . W[e][n] (+ bias[e][n]) in float32, for the rows of every tile
@@ -195,25 +206,18 @@ __device__ __forceinline__ void moe_mma_body(const u8* __restrict__ w, long long
                                              const u16* __restrict__ x16, int K,
                                              int n_out, const float* __restrict__ bias, float* __restrict__ y) {
     if ((int)blockIdx.y >= *n_tiles) return;  // the grid is sized for the most tiles there can be
-    const int e = tiles[4 * blockIdx.y], row0 = tiles[4 * blockIdx.y + 1], rows = tiles[4 * blockIdx.y + 2];
-    const int n0 = blockIdx.x * MM_BN;
+    MM_THIS_TILE
     float acc[1][2][MM_NI][4];
     mm_tile<Q, 1>(w, w, expert_bytes, e, row0, rows, n0, n_out, K, nullptr, nullptr, x16, acc);
-    MM_WARP_TILE
+    mm_each_pair([&](int mi, int ni, int hh, int r, int c0) {
+        const int n = n0 + c0;
+        if (r >= rows) return;
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
-#pragma unroll
-        for (int ni = 0; ni < MM_NI; ++ni)
-#pragma unroll
-            for (int hh = 0; hh < 2; ++hh) {
-                const int r = wm + mi * 16 + g + 8 * hh, n = n0 + wn + ni * 8 + 2 * t;
-                if (r >= rows) continue;
-#pragma unroll
-                for (int c = 0; c < 2; ++c)
-                    if (n + c < n_out)
-                        y[(size_t)(row0 + r) * n_out + n + c] =
-                            acc[0][mi][ni][2 * hh + c] + (bias ? bias[(size_t)e * n_out + n + c] : 0.0f);
-            }
+        for (int c = 0; c < 2; ++c)
+            if (n + c < n_out)
+                y[(size_t)(row0 + r) * n_out + n + c] =
+                    acc[0][mi][ni][2 * hh + c] + (bias ? bias[(size_t)e * n_out + n + c] : 0.0f);
+    });
 }
 
 #define MOE_MMA_ENTRIES(name, Q)                                                                             \

@@ -119,6 +119,19 @@ RMS_VEC_ENTRIES(2)
 RMS_VEC_ENTRIES(4)
 RMS_VEC_ENTRIES(8)
 
+// pair i of a row at position p rotated from src into dst (may be src): NORM (2i, 2i+1), NEOX (i, i + half)
+__device__ __forceinline__ void rope_pair(float* dst, const float* src, int p, int i, int half, float theta_scale,
+                                          float freq_scale, int neox) {
+    const float theta = freq_scale * ((float)p * powf(theta_scale, (float)i));
+    float sn, cs;
+    sincosf(theta, &sn, &cs);
+    const int i0 = neox ? i : 2 * i;
+    const int i1 = neox ? i + half : 2 * i + 1;
+    const float x0 = src[i0], x1 = src[i1];
+    dst[i0] = x0 * cs - x1 * sn;
+    dst[i1] = x0 * sn + x1 * cs;
+}
+
 // In place: x (n_tok, n_head, head_dim); pair i < n_rot / 2 of head h of token t, one thread each.
 // NORM rotates (x[2i], x[2i+1]), NEOX (x[i], x[i + n_rot/2]); dims >= n_rot are left as they are.
 extern "C" __global__ void rope_f32(float* x, const i32* __restrict__ pos, int n_tok, int n_head, int head_dim,
@@ -130,14 +143,7 @@ extern "C" __global__ void rope_f32(float* x, const i32* __restrict__ pos, int n
     const long long th = idx / half;
     const int t = (int)(th / n_head);
     float* xr = x + th * head_dim;
-    const float theta = freq_scale * ((float)pos[t] * powf(theta_scale, (float)i));
-    float sn, cs;
-    sincosf(theta, &sn, &cs);
-    const int i0 = neox ? i : 2 * i;
-    const int i1 = neox ? i + half : 2 * i + 1;
-    const float x0 = xr[i0], x1 = xr[i1];
-    xr[i0] = x0 * cs - x1 * sn;
-    xr[i1] = x0 * sn + x1 * cs;
+    rope_pair(xr, xr, pos[t], i, half, theta_scale, freq_scale, neox);
 }
 
 // QK-norm and RoPE of q and k in one launch, in place: each head row of q (n_tok, n_head, hd) and k (n_tok,
@@ -168,16 +174,7 @@ extern "C" __global__ void __launch_bounds__(256) qk_norm_rope_f32(float* q, flo
     for (int j = lane; j < hd; j += WARP) b[j] = xr[j] * scale * w[j];
     __syncwarp();
     const int half = n_rot >> 1;
-    for (int i = lane; i < half; i += WARP) {
-        const float theta = freq_scale * ((float)pos[t] * powf(theta_scale, (float)i));
-        float sn, cs;
-        sincosf(theta, &sn, &cs);
-        const int i0 = neox ? i : 2 * i;
-        const int i1 = neox ? i + half : 2 * i + 1;
-        const float x0 = b[i0], x1 = b[i1];
-        xr[i0] = x0 * cs - x1 * sn;
-        xr[i1] = x0 * sn + x1 * cs;
-    }
+    for (int i = lane; i < half; i += WARP) rope_pair(xr, b, pos[t], i, half, theta_scale, freq_scale, neox);
     for (int j = n_rot + lane; j < hd; j += WARP) xr[j] = b[j];
 }
 
