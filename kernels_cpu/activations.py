@@ -2,6 +2,8 @@
 
 Formulas are ggml's (ggml_silu_f32, ggml_gelu_f32). ggml's CPU gelu/geglu go through an fp16 table
 (GGML_GELU_FP16); `f16_table=True` reproduces that, the default computes the float32 formula.
+The exp of silu, gelu's formula and swiglu_oai is `exp_f32` (a float64 polynomial rounded once: expf's values but
+at near-ties): the elementwise loops then vectorize instead of calling libm's expf per element.
 Inputs of any shape (C-contiguous float32); `out` may be the input for in-place use.
 """
 
@@ -16,16 +18,46 @@ GELU_COEF_A = np.float32(0.044715)
 SQRT_2_OVER_PI = np.float32(0.79788456080286535587989211986876)
 
 
-@njit(cache=True, fastmath=True)
+
+
+# The float flags of the code that inlines exp_f32: fastmath without reassociation, which would fold its two-part
+# ln 2 back into one constant (errors of thousands of ulps), and without approximate reciprocals, with which a
+# vectorized division (a reciprocal and a Newton step) and the scalar one of a loop's tail rounded apart.
+# error_model "numpy": a float division raises nothing, so the loops over elements vectorize (1 + exp(-x) > 0).
+FAST = {"nnan", "ninf", "nsz", "contract", "afn"}
+_LOG2E = 1.4426950408889634
+_LN2_HI = 0.6931471803691238  # 0x3fe62e42fee00000: n * _LN2_HI is exact for |n| < 2**11
+_LN2_LO = 1.9082149292705877e-10  # ln 2 - _LN2_HI
+_INV_FACT = tuple(1.0 / np.prod(np.arange(1.0, k + 1.0)) for k in range(13))  # 1 / k!, k = 0..12
+
+
+@njit(inline="always", fastmath=FAST)
+def exp_f32(x):
+    """exp(x) of a float32 without a libm call, so that loops over it vectorize: in float64, x = n ln 2 + r
+    (Cody-Waite, |r| <= ln 2 / 2), Taylor to r^12 (relative error below 2e-16), times 2^n through the exponent
+    field, then rounded once to float32: the correctly rounded expf but where exp(x) lies within ~1e-15 of a
+    rounding midpoint (libm's expf: within 0.502 ulp). 0 below -103.9; it saturates at exp(88.7) ~ 3.3e38
+    instead of overflowing (FAST assumes no inf: an inf divisor went through a reciprocal's Newton step to nan).
+    Callers compile it with FAST, never with reassociation."""
+    xd = min(max(np.float64(x), -104.0), 88.7)
+    n = np.floor(xd * _LOG2E + 0.5)
+    r = (xd - n * _LN2_HI) - n * _LN2_LO
+    p = _INV_FACT[12]
+    for k in range(11, -1, -1):
+        p = p * r + _INV_FACT[k]
+    return np.float32(p * np.int64((np.int64(n) + 1023) << 52).view(np.float64))
+
+
+@njit(inline="always", fastmath=FAST)
+def _silu(x):
+    return x / (np.float32(1.0) + exp_f32(-x))
+
+
+@njit(inline="always", fastmath=FAST)
 def _gelu(x):
     # ggml_gelu_f32's 0.5 x (1 + tanh(u)), written as x / (1 + exp(-2u)) (equal; exp is ~10x cheaper than tanhf)
     u = np.float32(0.79788456080286535587989211986876) * x * (np.float32(1.0) + np.float32(0.044715) * x * x)
-    return x / (np.float32(1.0) + np.exp(np.float32(-2.0) * u))
-
-
-@njit(cache=True, fastmath=True)
-def _silu(x):
-    return x / (np.float32(1.0) + np.exp(-x))
+    return x / (np.float32(1.0) + exp_f32(np.float32(-2.0) * u))
 
 
 def _gelu_f16_table() -> np.ndarray:
@@ -49,7 +81,7 @@ def _gelu_table(x, table):
     return table[f32_to_f16_bits(x)]
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@njit(cache=True, fastmath=FAST, error_model="numpy", parallel=True)
 def _unary(x, op, cap, table, out):
     # x, out f32 (n,); op 0 silu, 1 gelu, 2 gelu via fp16 table, 3 softcap
     for i in prange(x.shape[0]):
@@ -68,15 +100,15 @@ SWIGLU_OAI_ALPHA = np.float32(1.702)  # llama.cpp's build_moe_ffn, LLM_FFN_SWIGL
 SWIGLU_OAI_LIMIT = np.float32(7.0)
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FAST)
 def _swiglu_oai(g, u):
     # ggml_compute_forward_swiglu_oai_f32: x = min(g, limit), y = clamp(u, -limit, limit), x sigmoid(alpha x) (y + 1)
     x = min(g, SWIGLU_OAI_LIMIT)
     y = min(max(u, -SWIGLU_OAI_LIMIT), SWIGLU_OAI_LIMIT)
-    return x / (np.float32(1.0) + np.exp(-SWIGLU_OAI_ALPHA * x)) * (y + np.float32(1.0))
+    return x / (np.float32(1.0) + exp_f32(-SWIGLU_OAI_ALPHA * x)) * (y + np.float32(1.0))
 
 
-@njit(inline="always", fastmath=True)
+@njit(inline="always", fastmath=FAST)
 def _glu_one(gate, up, op, table, out, i):
     # op 0 silu, 1 gelu, 2 gelu via the fp16 table (op 3, swiglu_oai, has loops of its own: a fourth branch in this
     # body changed how LLVM compiled the others' loops, and with them the last bit of a few results)
@@ -90,10 +122,13 @@ def _glu_one(gate, up, op, table, out, i):
     out[i] = a * up[i]
 
 
-@njit(cache=True, fastmath=True, parallel=True)
+@njit(cache=True, fastmath=FAST, error_model="numpy", parallel=True)
 def _glu_par(gate, up, op, table, out):
     # gate, up, out f32 (n,): out = act(gate) * up; op 0 silu, 1 gelu, 2 gelu via fp16 table, 3 swiglu_oai
-    if op == 3:
+    if op == 0:  # a loop of its own: no branch in its body, so it vectorizes (exp_f32)
+        for i in prange(gate.shape[0]):
+            out[i] = _silu(gate[i]) * up[i]
+    elif op == 3:
         for i in prange(gate.shape[0]):
             out[i] = _swiglu_oai(gate[i], up[i])
     else:
@@ -101,9 +136,12 @@ def _glu_par(gate, up, op, table, out):
             _glu_one(gate, up, op, table, out, i)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=FAST, error_model="numpy")
 def _glu_serial(gate, up, op, table, out):
-    if op == 3:
+    if op == 0:
+        for i in range(gate.shape[0]):
+            out[i] = _silu(gate[i]) * up[i]
+    elif op == 3:
         for i in range(gate.shape[0]):
             out[i] = _swiglu_oai(gate[i], up[i])
     else:
