@@ -34,7 +34,10 @@ from kernels_cpu.sched import next_task
 
 GEMM_ROWS = gemm_f32.ROWS_PER_TASK  # rows of a GEMM task (its scratch)
 NR = gemm_f32.GEMM_NR  # tokens per packed panel
-PAR_MIN_ROWS = 8  # activations of this many rows or more are quantized in parallel
+PAR_MIN_ROWS = 8  # the weighted sum of this many tokens or more runs in parallel
+# activations of this many values or more are quantized in parallel: a decode step's 8 pairs of a 384-wide down
+# projection (3072 values, a few microseconds) took longer to wake the workers for than to quantize
+PAR_MIN_VALUES = 16384
 
 
 @njit(cache=True, parallel=True)
@@ -59,7 +62,7 @@ def _acts(x, want_leg, want_k):
            np.empty((nl, n_in // 32), dtype=np.float32))
     kq = (np.empty((nk, n_in), dtype=np.int8), np.empty((nk, n_in // 256), dtype=np.float32),
           np.empty((nk, n_in // 16), dtype=np.int16))
-    if n >= PAR_MIN_ROWS:
+    if n >= 2 and n * n_in >= PAR_MIN_VALUES:  # the same arithmetic either way (act_quant's per-token code)
         _quantize_par(x, leg, kq)
     else:
         if want_leg:
@@ -139,8 +142,10 @@ def _rows(mat, f, e, r0, r1, off, cnt, src, leg, kq, xp_leg, xp_k, panel0, y, wd
         gemm_f32.gemm_rows(gemm_f32.K_QUANT if fam == FAM_K else gemm_f32.LEGACY, kind, wf, rb, n_in, r0, r1 - r0,
                            xp.reshape(xp.size), panel0[e], (cnt + NR - 1) // NR, cnt, y[off:off + cnt], wd, c)
     else:
-        for b0 in range(r0, r1, INT_ROWS_PER_BLOCK):  # blocks of rows stay in L1 while the group passes
-            b1 = min(r1, b0 + INT_ROWS_PER_BLOCK)
+        # blocks of rows stay in L1 while the group passes; one token (decode) reads them once: one call
+        step = INT_ROWS_PER_BLOCK if cnt > 1 else r1 - r0
+        for b0 in range(r0, r1, step):
+            b1 = min(r1, b0 + step)
             for p in range(off, off + cnt):
                 t = src[p]
                 if fam == FAM_K:

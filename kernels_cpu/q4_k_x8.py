@@ -89,7 +89,12 @@ def _repack_groups(src, nb, dst):
 
 @njit(cache=True, fastmath=FAST)
 def dot8_q4_k_x8(w, go, xq, xd, bsums, nb, y, r0):
-    """y[r0:r0 + 8] = the 8 rows of the group at byte go . one token's Q8_K activations (xq, xd, bsums)."""
+    """y[r0:r0 + 8] = the 8 rows of the group at byte go . one token's Q8_K activations (xq, xd, bsums). With VNNI
+    through the 4-token kernel's steps for one token (_isum4: vpdpbusd, the same int32 lanes; the same float work),
+    else vpmaddubsw's int16 sums here: the same outputs bit for bit."""
+    if has_vnni():
+        _dot8_one(w, go, xq, xd, bsums, nb, y, r0)
+        return
     f_lo, f_hi, f_min = zero_f32(), zero_f32(), zero_f32()
     for i in range(nb):
         o, xb, dx = go + i * BLOCK_BYTES, i * QK_K, xd[i]
@@ -174,6 +179,23 @@ def _finish4(f_lo, f_hi, f_min, a_lo, a_hi, w, o, bsums, bo, dx):
     d8 = scale_f32(load_f16x8(w, o), dx)
     return (fmav_f32(f_lo, cvt_f32(a_lo), dup_lo_f32(d8)), fmav_f32(f_hi, cvt_f32(a_hi), dup_hi_f32(d8)),
             fmav_f32(f_min, cvt_f32(m), scale_f32(load_f16x8(w, o + 16), dx)))
+
+
+@njit(inline="always", fastmath=FAST)
+def _dot8_one(w, go, xq, xd, bsums, nb, y, r0):
+    """dot8_q4_k_x8 with VNNI: one token (xq, xd, bsums its own rows) through _chunks, _isum4 and _finish4."""
+    f_lo, f_hi, f_min = zero_f32(), zero_f32(), zero_f32()
+    for i in range(nb):
+        o, xb = go + i * BLOCK_BYTES, i * QK_K
+        a_lo, a_hi = zero_i32(), zero_i32()
+        for j in range(4):
+            qo = o + 160 + 256 * j
+            for line in range(4):
+                prefetch(w, qo + PREFETCH_BYTES + 64 * line)
+            v, u = _isum4(w, o + 32 + 16 * j, _chunks(w, qo), xq, xb + 64 * j)
+            a_lo, a_hi = add_i32(a_lo, v), add_i32(a_hi, u)
+        f_lo, f_hi, f_min = _finish4(f_lo, f_hi, f_min, a_lo, a_hi, w, o, bsums, 16 * i, xd[i])
+    store_f32x8(y, r0, pairsum_sub_f32(f_lo, f_hi, f_min))
 
 
 @njit(inline="always", fastmath=FAST)
