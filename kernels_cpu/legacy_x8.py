@@ -15,7 +15,8 @@ The arrays keep the matrix shape (n_out, nb * 18 or 22). Products are ggml's: pe
 q * q8 with the offset applied, times d_w * d_x in float32; only the float32 summation order differs from
 vec_dot_legacy's dot2 (2 lanes per row here, 8 there).
 dot8x4_* / dot8x2_*: the same 8 rows times 4 or 2 tokens, a block's codes unpacked once for all of them (with
-VNNI the sums go through vpdpbusd of the unsigned codes minus off * q8's, the same exact int32 lanes).
+VNNI the sums go through vpdpbusd of the unsigned codes minus off * q8's, the same exact int32 lanes); with VNNI the
+one-token dot8_* take that step for their one token too.
 """
 
 from __future__ import annotations
@@ -114,6 +115,11 @@ def _dot8(w, go, xq, xd, nb, y, r0, five):
         prefetch(w, o + PREFETCH_BYTES)
         prefetch(w, o + PREFETCH_BYTES + 64)
         prefetch(w, o + PREFETCH_BYTES + 128)
+        if has_vnni():  # the 4-token kernel's step for one token: the same int32 lanes and float work
+            hb = load_i8x32(w, o + 16)
+            f_lo, f_hi = _tok8(f_lo, f_hi, _codes(w, qo, hb, 0, five), _codes(w, qo + 32, hb, 1, five), xq, xb,
+                               xd[b], load_f16x8(w, o), off)
+            continue
         xl0, xl1 = bcast_i8x8(xq, xb), bcast_i8x8(xq, xb + 8)
         xh0, xh1 = bcast_i8x8(xq, xb + 16), bcast_i8x8(xq, xb + 24)
         # the offset times the activations, the same for every row: sum over the 4 runs of 8 of off * q8
