@@ -178,6 +178,12 @@ __device__ __forceinline__ void matvec_stream(const u8* __restrict__ w, const fl
     }
 }
 
+// element value of a loaded part: sc q - mn (sc q for a type without an offset)
+template <class Q>
+__device__ __forceinline__ float qvalue(float sc, float q, float mn) {
+    return Q::HAS_MIN ? sc * q - mn : sc * q;
+}
+
 // out[r, :] = dequant(W[rows ? rows[r] : r, :]) as fp16 bits (HALF) or float32; one thread per (row, block, part)
 template <class Q, bool HALF>
 __device__ __forceinline__ void dequant_body(const u8* __restrict__ w, const i32* __restrict__ rows, void* out,
@@ -202,7 +208,7 @@ __device__ __forceinline__ void dequant_body(const u8* __restrict__ w, const i32
                 float v[4];
 #pragma unroll
                 for (int e = 0; e < 4; ++e)
-                    v[e] = Q::HAS_MIN ? sc[k + kk] * q[k + kk][e] - mn[k + kk] : sc[k + kk] * q[k + kk][e];
+                    v[e] = qvalue<Q>(sc[k + kk], q[k + kk][e], mn[k + kk]);
                 h[kk].x = (u32)f2h(v[0]) | ((u32)f2h(v[1]) << 16);
                 h[kk].y = (u32)f2h(v[2]) | ((u32)f2h(v[3]) << 16);
             }
@@ -220,7 +226,7 @@ __device__ __forceinline__ void dequant_body(const u8* __restrict__ w, const i32
     for (int k = 0; k < Q::R; ++k) {
         float v[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = Q::HAS_MIN ? sc[k] * q[k][e] - mn[k] : sc[k] * q[k][e];
+        for (int e = 0; e < 4; ++e) v[e] = qvalue<Q>(sc[k], q[k][e], mn[k]);
         *(float4*)((float*)out + base + xo[k]) = make_float4(v[0], v[1], v[2], v[3]);
     }
 }

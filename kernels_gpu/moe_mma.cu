@@ -51,7 +51,7 @@ __device__ __forceinline__ void mm_load_w(const u8* __restrict__ w, size_t row_b
         for (int k = 0; k < Q::R; ++k) {
             float v[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) v[e] = Q::HAS_MIN ? sc[k] * q[k][e] - mn[k] : sc[k] * q[k][e];
+            for (int e = 0; e < 4; ++e) v[e] = qvalue<Q>(sc[k], q[k][e], mn[k]);
             *(uint2*)(dst + xo[k]) = make_uint2(f2h2(v[0], v[1]), f2h2(v[2], v[3]));
         }
     }
