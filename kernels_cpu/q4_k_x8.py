@@ -93,7 +93,7 @@ def dot8_q4_k_x8(w, go, xq, xd, bsums, nb, y, r0):
     through the 4-token kernel's steps for one token (_isum4: vpdpbusd, the same int32 lanes; the same float work),
     else vpmaddubsw's int16 sums here: the same outputs bit for bit."""
     if has_vnni():
-        _dot8_one(w, go, xq, xd, bsums, nb, y, r0)
+        _dot8_tokens(w, go, xq, xd, bsums, 0, 0, 0, 0, nb, y, 0, r0, 1)
         return
     f_lo, f_hi, f_min = zero_f32(), zero_f32(), zero_f32()
     for i in range(nb):
@@ -182,24 +182,9 @@ def _finish4(f_lo, f_hi, f_min, a_lo, a_hi, w, o, bsums, bo, dx):
 
 
 @njit(inline="always", fastmath=FAST)
-def _dot8_one(w, go, xq, xd, bsums, nb, y, r0):
-    """dot8_q4_k_x8 with VNNI: one token (xq, xd, bsums its own rows) through _chunks, _isum4 and _finish4."""
-    f_lo, f_hi, f_min = zero_f32(), zero_f32(), zero_f32()
-    for i in range(nb):
-        o, xb = go + i * BLOCK_BYTES, i * QK_K
-        a_lo, a_hi = zero_i32(), zero_i32()
-        for j in range(4):
-            qo = o + 160 + 256 * j
-            for line in range(4):
-                prefetch(w, qo + PREFETCH_BYTES + 64 * line)
-            v, u = _isum4(w, o + 32 + 16 * j, _chunks(w, qo), xq, xb + 64 * j)
-            a_lo, a_hi = add_i32(a_lo, v), add_i32(a_hi, u)
-        f_lo, f_hi, f_min = _finish4(f_lo, f_hi, f_min, a_lo, a_hi, w, o, bsums, 16 * i, xd[i])
-    store_f32x8(y, r0, pairsum_sub_f32(f_lo, f_hi, f_min))
-
-
-@njit(inline="always", fastmath=FAST)
-def _dot8_tokens(w, go, xq, xd, bsums, t0, t1, t2, t3, nb, y, n_out, r0, four):
+def _dot8_tokens(w, go, xq, xd, bsums, t0, t1, t2, t3, nb, y, n_out, r0, nt):
+    """The 8 rows of the group at byte go . the first nt (1, 2 or 4) of the tokens t0..t3 (a literal at each
+    call, so the branches fold away)."""
     n_in = nb * QK_K
     l0, h0, m0, l1, h1, m1 = zero_f32(), zero_f32(), zero_f32(), zero_f32(), zero_f32(), zero_f32()
     l2, h2, m2, l3, h3, m3 = zero_f32(), zero_f32(), zero_f32(), zero_f32(), zero_f32(), zero_f32()
@@ -215,22 +200,25 @@ def _dot8_tokens(w, go, xq, xd, bsums, t0, t1, t2, t3, nb, y, n_out, r0, four):
             so = o + 32 + 16 * j
             v, u = _isum4(w, so, c, xq, t0 * n_in + xb + 64 * j)
             b0, c0 = add_i32(b0, v), add_i32(c0, u)
-            v, u = _isum4(w, so, c, xq, t1 * n_in + xb + 64 * j)
-            b1, c1 = add_i32(b1, v), add_i32(c1, u)
-            if four:
+            if nt >= 2:
+                v, u = _isum4(w, so, c, xq, t1 * n_in + xb + 64 * j)
+                b1, c1 = add_i32(b1, v), add_i32(c1, u)
+            if nt == 4:
                 v, u = _isum4(w, so, c, xq, t2 * n_in + xb + 64 * j)
                 b2, c2 = add_i32(b2, v), add_i32(c2, u)
                 v, u = _isum4(w, so, c, xq, t3 * n_in + xb + 64 * j)
                 b3, c3 = add_i32(b3, v), add_i32(c3, u)
         k = n_in // 16
         l0, h0, m0 = _finish4(l0, h0, m0, b0, c0, w, o, bsums, t0 * k + 16 * i, xd[t0 * nb + i])
-        l1, h1, m1 = _finish4(l1, h1, m1, b1, c1, w, o, bsums, t1 * k + 16 * i, xd[t1 * nb + i])
-        if four:
+        if nt >= 2:
+            l1, h1, m1 = _finish4(l1, h1, m1, b1, c1, w, o, bsums, t1 * k + 16 * i, xd[t1 * nb + i])
+        if nt == 4:
             l2, h2, m2 = _finish4(l2, h2, m2, b2, c2, w, o, bsums, t2 * k + 16 * i, xd[t2 * nb + i])
             l3, h3, m3 = _finish4(l3, h3, m3, b3, c3, w, o, bsums, t3 * k + 16 * i, xd[t3 * nb + i])
     store_f32x8(y, t0 * n_out + r0, pairsum_sub_f32(l0, h0, m0))
-    store_f32x8(y, t1 * n_out + r0, pairsum_sub_f32(l1, h1, m1))
-    if four:
+    if nt >= 2:
+        store_f32x8(y, t1 * n_out + r0, pairsum_sub_f32(l1, h1, m1))
+    if nt == 4:
         store_f32x8(y, t2 * n_out + r0, pairsum_sub_f32(l2, h2, m2))
         store_f32x8(y, t3 * n_out + r0, pairsum_sub_f32(l3, h3, m3))
 
@@ -239,13 +227,13 @@ def _dot8_tokens(w, go, xq, xd, bsums, t0, t1, t2, t3, nb, y, n_out, r0, four):
 def dot8x4_q4_k_x8(w, go, xq, xd, bsums, t0, t1, t2, t3, nb, y, n_out, r0):
     """y[t, r0:r0 + 8] (y flat, n_tok * n_out) = the 8 rows of the group at byte go . tokens t = t0..t3 of the flat
     Q8_K activations xq, xd, bsums (a repeated token is computed again); each equals dot8_q4_k_x8's."""
-    _dot8_tokens(w, go, xq, xd, bsums, t0, t1, t2, t3, nb, y, n_out, r0, True)
+    _dot8_tokens(w, go, xq, xd, bsums, t0, t1, t2, t3, nb, y, n_out, r0, 4)
 
 
 @njit(cache=True, fastmath=FAST)
 def dot8x2_q4_k_x8(w, go, xq, xd, bsums, t0, t1, nb, y, n_out, r0):
     """dot8x4_q4_k_x8 for two tokens t0, t1."""
-    _dot8_tokens(w, go, xq, xd, bsums, t0, t1, t1, t1, nb, y, n_out, r0, False)
+    _dot8_tokens(w, go, xq, xd, bsums, t0, t1, t1, t1, nb, y, n_out, r0, 2)
 
 
 @njit(cache=True, fastmath=True)
