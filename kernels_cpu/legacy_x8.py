@@ -105,6 +105,9 @@ def _codes_sum(c, xl0, xl1, xh0, xh1):
 
 @njit(inline="always")
 def _dot8(w, go, xq, xd, nb, y, r0, five):
+    if has_vnni():  # the 4-token kernel for one token: the same int32 lanes and float work
+        _dot8x4(w, go, xq, xd, 0, 0, 0, 0, nb, y, 0, r0, five, 1)
+        return
     step = 176 if five else 144
     off = splat_i8(16 if five else 8)
     ones = splat_i16(1)
@@ -115,11 +118,6 @@ def _dot8(w, go, xq, xd, nb, y, r0, five):
         prefetch(w, o + PREFETCH_BYTES)
         prefetch(w, o + PREFETCH_BYTES + 64)
         prefetch(w, o + PREFETCH_BYTES + 128)
-        if has_vnni():  # the 4-token kernel's step for one token: the same int32 lanes and float work
-            hb = load_i8x32(w, o + 16)
-            f_lo, f_hi = _tok8(f_lo, f_hi, _codes(w, qo, hb, 0, five), _codes(w, qo + 32, hb, 1, five), xq, xb,
-                               xd[b], load_f16x8(w, o), off)
-            continue
         xl0, xl1 = bcast_i8x8(xq, xb), bcast_i8x8(xq, xb + 8)
         xh0, xh1 = bcast_i8x8(xq, xb + 16), bcast_i8x8(xq, xb + 24)
         # the offset times the activations, the same for every row: sum over the 4 runs of 8 of off * q8
@@ -178,7 +176,9 @@ def _tok8(f_lo, f_hi, a, b, xq, xo, dx, h8, off):
 
 
 @njit(inline="always")
-def _dot8x4(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0, five, four):
+def _dot8x4(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0, five, nt):
+    """The 8 rows of the group at byte go . the first nt (1, 2 or 4) of the tokens t0..t3 (a literal at each
+    call, so the branches fold away)."""
     step = 176 if five else 144
     off = splat_i8(16 if five else 8)
     n_in = nb * QK
@@ -195,13 +195,15 @@ def _dot8x4(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0, five, four):
         c = _codes(w, qo + 32, hb, 1, five)
         h8 = load_f16x8(w, o)
         l0, h0 = _tok8(l0, h0, a, c, xq, t0 * n_in + xb, xd[t0 * nb + b], h8, off)
-        l1, h1 = _tok8(l1, h1, a, c, xq, t1 * n_in + xb, xd[t1 * nb + b], h8, off)
-        if four:
+        if nt >= 2:
+            l1, h1 = _tok8(l1, h1, a, c, xq, t1 * n_in + xb, xd[t1 * nb + b], h8, off)
+        if nt == 4:
             l2, h2 = _tok8(l2, h2, a, c, xq, t2 * n_in + xb, xd[t2 * nb + b], h8, off)
             l3, h3 = _tok8(l3, h3, a, c, xq, t3 * n_in + xb, xd[t3 * nb + b], h8, off)
     store_f32x8(y, t0 * n_out + r0, pairsum_sub_f32(l0, h0, zero_f32()))
-    store_f32x8(y, t1 * n_out + r0, pairsum_sub_f32(l1, h1, zero_f32()))
-    if four:
+    if nt >= 2:
+        store_f32x8(y, t1 * n_out + r0, pairsum_sub_f32(l1, h1, zero_f32()))
+    if nt == 4:
         store_f32x8(y, t2 * n_out + r0, pairsum_sub_f32(l2, h2, zero_f32()))
         store_f32x8(y, t3 * n_out + r0, pairsum_sub_f32(l3, h3, zero_f32()))
 
@@ -210,25 +212,25 @@ def _dot8x4(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0, five, four):
 def dot8x4_q4_0_x8(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0):
     """y[t, r0:r0 + 8] (y flat, n_tok * n_out) = the 8 Q4_0 rows of the group at byte go . tokens t = t0..t3 of
     the flat Q8_0 activations xq, xd (a repeated token is computed again); each equals dot8_q4_0_x8's."""
-    _dot8x4(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0, False, True)
+    _dot8x4(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0, False, 4)
 
 
 @njit(cache=True, fastmath=True)
 def dot8x4_q5_0_x8(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0):
     """dot8x4_q4_0_x8 for Q5_0 rows."""
-    _dot8x4(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0, True, True)
+    _dot8x4(w, go, xq, xd, t0, t1, t2, t3, nb, y, n_out, r0, True, 4)
 
 
 @njit(cache=True, fastmath=True)
 def dot8x2_q4_0_x8(w, go, xq, xd, t0, t1, nb, y, n_out, r0):
     """dot8x4_q4_0_x8 for two tokens t0, t1."""
-    _dot8x4(w, go, xq, xd, t0, t1, t1, t1, nb, y, n_out, r0, False, False)
+    _dot8x4(w, go, xq, xd, t0, t1, t1, t1, nb, y, n_out, r0, False, 2)
 
 
 @njit(cache=True, fastmath=True)
 def dot8x2_q5_0_x8(w, go, xq, xd, t0, t1, nb, y, n_out, r0):
     """dot8x4_q5_0_x8 for two tokens t0, t1."""
-    _dot8x4(w, go, xq, xd, t0, t1, t1, t1, nb, y, n_out, r0, True, False)
+    _dot8x4(w, go, xq, xd, t0, t1, t1, t1, nb, y, n_out, r0, True, 2)
 
 
 @njit(cache=True)
