@@ -6,12 +6,10 @@
 // indirect != 0: dst is the device address of a slot holding the cache's address (CUDA graphs replayed over
 // another cache of the same shape rewrite the slot, not the graph).
 
-// x (n_tok, n_head_kv, hd) f32 -> rows of f32 (code 0) or f16 (code 1); one thread per element
-extern "C" __global__ void kv_store_float(const float* __restrict__ x, const i32* __restrict__ pos, u8* dst,
-                                          int n_tok, int n_head_kv, int hd, int code, int indirect) {
-    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+// x (n_tok, n_head_kv, hd) f32 -> rows of f32 (code 0) or f16 (code 1): element i of x (one thread each)
+__device__ __forceinline__ void kv_store_float_at(long long i, const float* __restrict__ x, const i32* __restrict__ pos,
+                                                  u8* dst, int n_tok, int n_head_kv, int hd, int code) {
     if (i >= (long long)n_tok * n_head_kv * hd) return;
-    if (indirect) dst = *(u8* const*)dst;
     const int j = (int)(i % hd);
     const long long th = i / hd;  // t * n_head_kv + h
     const int h = (int)(th % n_head_kv), t = (int)(th / n_head_kv);
@@ -20,14 +18,14 @@ extern "C" __global__ void kv_store_float(const float* __restrict__ x, const i32
     else ((u16*)dst)[row * hd + j] = f2h(x[i]);
 }
 
-// one warp per block of 32 values: lane j holds element j. code 2 = q8_0, 3 = q4_0
-extern "C" __global__ void kv_store_quant(const float* __restrict__ x, const i32* __restrict__ pos, u8* dst,
-                                          int n_tok, int n_head_kv, int hd, int code, int indirect) {
+// one warp per block of 32 values: lane j of thread i's warp holds element j (i = the thread's element count as
+// kv_store_float_at's, so one grid serves both). code 2 = q8_0, 3 = q4_0
+__device__ __forceinline__ void kv_store_quant_at(long long i, const float* __restrict__ x, const i32* __restrict__ pos,
+                                                  u8* dst, int n_tok, int n_head_kv, int hd, int code) {
     const int lane = threadIdx.x & 31;
-    const long long blk = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const long long blk = i >> 5;
     const int nb = hd >> 5;  // blocks per row
     if (blk >= (long long)n_tok * n_head_kv * nb) return;  // whole warps leave together
-    if (indirect) dst = *(u8* const*)dst;
     const int b = (int)(blk % nb);
     const long long th = blk / nb;
     const int h = (int)(th % n_head_kv), t = (int)(th / n_head_kv);
@@ -64,4 +62,21 @@ extern "C" __global__ void kv_store_quant(const float* __restrict__ x, const i32
         if (lane < 16) o[2 + lane] = (u8)(q | (q_hi << 4));
         if (lane == 0) *(u16*)o = f2h(d);
     }
+}
+
+// k and v of a layer in one launch: blockIdx.y 0 stores xk into dk, 1 xv into dv, each as its code says (f32/f16 one
+// thread an element, q8_0/q4_0 one warp a block); the grid covers n_tok n_head_kv max(hd_k, hd_v) threads a row of
+// it. indirect != 0: dk, dv are the device addresses of slots holding the caches' addresses.
+extern "C" __global__ void kv_store_kv(const float* __restrict__ xk, const float* __restrict__ xv,
+                                       const i32* __restrict__ pos, u8* dk, u8* dv, int n_tok, int n_head_kv, int hd_k,
+                                       int hd_v, int code_k, int code_v, int indirect) {
+    const bool is_v = blockIdx.y == 1;
+    const float* x = is_v ? xv : xk;
+    u8* dst = is_v ? dv : dk;
+    const int hd = is_v ? hd_v : hd_k, code = is_v ? code_v : code_k;
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (long long)n_tok * n_head_kv * hd) return;
+    if (indirect) dst = *(u8* const*)dst;
+    if (code <= 1) kv_store_float_at(i, x, pos, dst, n_tok, n_head_kv, hd, code);
+    else kv_store_quant_at(i, x, pos, dst, n_tok, n_head_kv, hd, code);
 }

@@ -7,6 +7,7 @@ k, v: cupy uint8 (n_ctx, n_head_kv, row_bytes); cell c holds position c. Types f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -43,6 +44,16 @@ class GpuKVCacheLayer:
     def nbytes(self) -> int:
         return int(self.k.nbytes + (0 if self.v is self.k else self.v.nbytes))  # MLA: v is k
 
+    @cached_property
+    def graph_key(self) -> tuple:
+        """What a captured decode graph depends on: the shapes and types (not the addresses)."""
+        return self.k.shape, self.v.shape, self.type_k, self.type_v
+
+    @cached_property
+    def ptrs(self) -> tuple[int, int]:
+        """The device addresses of k and v (fixed for the layer's life), for a decode graph's slots."""
+        return self.k.data.ptr, self.v.data.ptr
+
 
 def alloc_kv_layer(n_ctx: int, n_head_kv: int, head_dim_k: int, head_dim_v: int | None = None,
                    type_k: str = "f16", type_v: str = "f16") -> GpuKVCacheLayer:
@@ -54,22 +65,6 @@ def alloc_kv_layer(n_ctx: int, n_head_kv: int, head_dim_k: int, head_dim_v: int 
     k = cupy.zeros((n_ctx, n_head_kv, kv_row_bytes(type_k, head_dim_k)), dtype=cupy.uint8)
     v = cupy.zeros((n_ctx, n_head_kv, kv_row_bytes(type_v, head_dim_v)), dtype=cupy.uint8)
     return GpuKVCacheLayer(type_k, type_v, head_dim_k, head_dim_v, k, v)
-
-
-def _store(dst, x, positions, code: int, slot: int | None) -> None:
-    n_tok, n_head_kv, hd = x.shape
-    i32 = np.int32
-    dst_arg, indirect = (dst, 0) if slot is None else (np.uint64(slot), 1)
-    if code <= 1:
-        total = n_tok * n_head_kv * hd
-        get_kernel("kv", "kv_store_float")(((total + 255) // 256,), (256,),
-                                           (x, positions, dst_arg, i32(n_tok), i32(n_head_kv), i32(hd), i32(code),
-                                            i32(indirect)))
-    else:
-        threads = n_tok * n_head_kv * hd  # one lane per value, one warp per block of 32
-        get_kernel("kv", "kv_store_quant")(((threads + 255) // 256,), (256,),
-                                           (x, positions, dst_arg, i32(n_tok), i32(n_head_kv), i32(hd), i32(code),
-                                            i32(indirect)))
 
 
 def kv_store(layer: GpuKVCacheLayer, positions, k, v, slots: tuple[int, int] | None = None) -> None:
@@ -87,5 +82,11 @@ def kv_store(layer: GpuKVCacheLayer, positions, k, v, slots: tuple[int, int] | N
         return
     k = cupy.ascontiguousarray(k, dtype=cupy.float32)
     v = cupy.ascontiguousarray(v, dtype=cupy.float32)
-    _store(layer.k, k, positions, kv_type_code(layer.type_k), None if slots is None else slots[0])
-    _store(layer.v, v, positions, kv_type_code(layer.type_v), None if slots is None else slots[1])
+    i32 = np.int32
+    dk, dv, indirect = (layer.k, layer.v, 0) if slots is None else (np.uint64(slots[0]), np.uint64(slots[1]), 1)
+    threads = n_tok * layer.n_head_kv * max(layer.head_dim_k, layer.head_dim_v)  # a value a thread (quantized
+    # types: a warp a block of 32); k in grid row 0, v in row 1: one launch
+    get_kernel("kv", "kv_store_kv")(((threads + 255) // 256, 2), (256,),
+                                    (k, v, positions, dk, dv, i32(n_tok), i32(layer.n_head_kv), i32(layer.head_dim_k),
+                                     i32(layer.head_dim_v), i32(kv_type_code(layer.type_k)),
+                                     i32(kv_type_code(layer.type_v)), i32(indirect)))

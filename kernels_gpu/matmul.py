@@ -195,15 +195,21 @@ def matvec_config(n_out: int, items_per_row: int, rpw: int | None = None) -> tup
     return rpw, wpr
 
 
+def float_wpr(n_out: int, n_in: int) -> int:
+    """Warps per row of the float matvec (matvec_float.cu) of n_out rows of n_in: as measured (2.6 - 3.7 TB/s), up
+    to 16384 warps, >= 2 chunks of 8 values a lane."""
+    wpr, items = 1, n_in // 8
+    while wpr < MV_WARPS and n_out * wpr < 16384 and items >= 64 * wpr:
+        wpr *= 2
+    return wpr
+
+
 def _matvec(k: GpuKernel, w_raw, x, y, n_in: int, wpr: int | None, rpw: int | None = None) -> None:
     n_tok = x.shape[0]
     n_out = w_raw.shape[0]
     if k.is_float:
         nt = 1 if n_tok == 1 else 2 if n_tok == 2 else 4 if n_tok <= 4 else 8
-        name, rpw, items = f"matvec_{k.suffix}_{nt}", 1, n_in // 8
-        auto_wpr = 1  # float rows: as measured (2.6 - 3.7 TB/s), up to 16384 warps, >= 2 chunks a lane
-        while auto_wpr < MV_WARPS and n_out * auto_wpr < 16384 and items >= 64 * auto_wpr:
-            auto_wpr *= 2
+        name, rpw, auto_wpr = f"matvec_{k.suffix}_{nt}", 1, float_wpr(n_out, n_in)
     else:
         items = n_in // k.block_size * k.parts
         if n_tok == 1:

@@ -1,4 +1,5 @@
-// matvec_float.cu: F32, F16 and BF16 weights (rows of plain values; ggml_fp16_t / ggml_bf16_t bits).
+// matvec_float.cu: the body of the float matvec (matvec_float_entries.cu has its kernels): F32, F16 and BF16 weights
+// (rows of plain values; ggml_fp16_t / ggml_bf16_t bits).
 // The activations stay float32 (ggml's CPU rounds them to the weight type first; this is closer to exact).
 // KIND: 0 = F32, 1 = F16, 2 = BF16. VEC: rows are 16-byte aligned, read in chunks of 8 values with 16-byte
 // loads (F32: two), the tail (n_in % 8) one value at a time.
@@ -95,29 +96,3 @@ __device__ __forceinline__ void matvec_float_body(const u8* __restrict__ w, cons
         y[(size_t)lane * n_out + row] = s;
     }
 }
-
-#define MVF_ENTRY(name, KIND, NT)                                                                             \
-    extern "C" __global__ void __launch_bounds__(256) matvec_##name##_##NT(                                  \
-        const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ y, int n_out, int n_in,    \
-        int ntok, int wpr, int vec) {                                                                         \
-        if (vec) matvec_float_body<KIND, NT, true>(w, x, y, n_out, n_in, ntok, wpr);                          \
-        else matvec_float_body<KIND, NT, false>(w, x, y, n_out, n_in, ntok, wpr);                             \
-    }
-
-#define MVF_ENTRIES(name, KIND)                                                                               \
-    MVF_ENTRY(name, KIND, 1)                                                                                  \
-    MVF_ENTRY(name, KIND, 2)                                                                                  \
-    MVF_ENTRY(name, KIND, 4)                                                                                  \
-    MVF_ENTRY(name, KIND, 8)                                                                                  \
-    extern "C" __global__ void dequant_f32_##name(const u8* __restrict__ w, const i32* __restrict__ rows,    \
-                                                  float* out, int n_rows, int n_in) {                         \
-        const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;                                 \
-        if (i >= (long long)n_rows * n_in) return;                                                            \
-        const int r = (int)(i / n_in), c = (int)(i % n_in);                                                   \
-        const long long src = rows ? (long long)rows[r] : (long long)r;                                       \
-        out[i] = fval<KIND>(w + (size_t)src * n_in * (KIND == 0 ? 4 : 2), c);                                 \
-    }
-
-MVF_ENTRIES(f32, 0)
-MVF_ENTRIES(f16, 1)
-MVF_ENTRIES(bf16, 2)

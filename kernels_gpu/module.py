@@ -21,11 +21,11 @@ MODULES: dict[str, tuple[str, ...]] = {
     "matvec_k": ("common.cu", "matvec_common.cu", "moe_mma.cu", "matvec_k.cu"),
     "matvec_iq": ("common.cu", "matvec_common.cu", "moe_mma.cu", "iq_grids.cu", "matvec_iq.cu"),
     "matvec_q8": ("common.cu", "matvec_q8.cu", "matvec_q8_staged.cu"),
-    "matvec_float": ("common.cu", "matvec_float.cu"),
+    "matvec_float": ("common.cu", "matvec_float.cu", "matvec_float_entries.cu"),
     "ops": ("common.cu", "ops.cu"),
     "kv": ("common.cu", "kv.cu"),
     "attention": ("common.cu", "attention.cu"),
-    "moe": ("common.cu", "moe.cu"),
+    "moe": ("common.cu", "matvec_float.cu", "moe.cu"),  # moe_router_route: the float matvec's body
     "moe_cache": ("common.cu", "moe_cache.cu"),
     "unrepack": ("common.cu", "unrepack.cu"),
     "host_sync": ("common.cu", "host_sync.cu"),

@@ -11,6 +11,7 @@
 // counted against all n_expert logits at once (no k serial rounds); n_expert <= MOE_MAX_EXPERTS, k <= MOE_MAX_K.
 #define MOE_ROUTE_THREADS 128
 #define MOE_MAX_K 64
+template <int T>  // T threads in the CTA
 __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
@@ -21,7 +22,7 @@ __device__ __forceinline__ float block_reduce(float v, float* red, bool is_max) 
     if (lane == 0) red[warp] = v;
     __syncthreads();
     float r = red[0];
-    for (int w = 1; w < MOE_ROUTE_THREADS / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+    for (int w = 1; w < T / 32; ++w) r = is_max ? fmaxf(r, red[w]) : r + red[w];
     __syncthreads();  // red is reused by the next call
     return r;
 }
@@ -36,29 +37,28 @@ __device__ __forceinline__ int moe_rank(const float* v, int n, int i) {
     }
     return rank;
 }
-extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_softmax(const float* __restrict__ logits,
-                                                                                 int n_expert, int k, int norm,
-                                                                                 i32* __restrict__ ids,
-                                                                                 float* __restrict__ wts) {
+// (the body of a CTA of T threads routing token t; l its logits, read through L2: moe_router_route's last CTA reads
+// what other CTAs wrote during the launch)
+template <int T>
+__device__ __forceinline__ void route_softmax(const float* __restrict__ l, int n_expert, int k, int norm, int t,
+                                              i32* __restrict__ ids, float* __restrict__ wts) {
     __shared__ float v[MOE_MAX_EXPERTS];
-    __shared__ float red[MOE_ROUTE_THREADS / 32];
+    __shared__ float red[T / 32];
     __shared__ float sel[MOE_MAX_K];
-    const int t = blockIdx.x;
-    const float* l = logits + (size_t)t * n_expert;
     float m = NEG_INF;
-    for (int i = threadIdx.x; i < n_expert; i += MOE_ROUTE_THREADS) {
-        v[i] = l[i];
+    for (int i = threadIdx.x; i < n_expert; i += T) {
+        v[i] = __ldcg(l + i);
         m = fmaxf(m, v[i]);
     }
     if (threadIdx.x < k) {  // in bounds whatever happens below (NaN logits rank no expert)
         ids[(size_t)t * k + threadIdx.x] = 0;
         sel[threadIdx.x] = 0.0f;
     }
-    m = block_reduce(m, red, true);  // its barrier also publishes v
+    m = block_reduce<T>(m, red, true);  // its barrier also publishes v
     float s = 0.0f;
-    for (int i = threadIdx.x; i < n_expert; i += MOE_ROUTE_THREADS) s += expf(v[i] - m);
-    s = block_reduce(s, red, false);
-    for (int i = threadIdx.x; i < n_expert; i += MOE_ROUTE_THREADS) {
+    for (int i = threadIdx.x; i < n_expert; i += T) s += expf(v[i] - m);
+    s = block_reduce<T>(s, red, false);
+    for (int i = threadIdx.x; i < n_expert; i += T) {
         const int rank = moe_rank(v, n_expert, i);
         if (rank < k) {
             ids[(size_t)t * k + rank] = i;
@@ -84,21 +84,21 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_softma
 // the top k (ties: the lower expert, as moe_route_softmax); weights p of the selected (gating 2: their softmax),
 // renormalized to sum 1 when norm (the sum clamped at 2^-14), times scale. rbias, sbias may be null.
 #define MOE_MAX_GROUPS 64
-extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_gated(
-    const float* __restrict__ logits, const float* __restrict__ rbias, const float* __restrict__ sbias, int n_expert,
-    int k, int gating, int norm, float scale, int n_groups, int n_group_used, i32* __restrict__ ids,
-    float* __restrict__ wts) {
+template <int T>
+__device__ __forceinline__ void route_gated(const float* __restrict__ l, const float* __restrict__ rbias,
+                                            const float* __restrict__ sbias, int n_expert, int k, int gating, int norm,
+                                            float scale, int n_groups, int n_group_used, int t, i32* __restrict__ ids,
+                                            float* __restrict__ wts) {
     __shared__ float p[MOE_MAX_EXPERTS];
     __shared__ float v[MOE_MAX_EXPERTS];  // the selection scores
-    __shared__ float red[MOE_ROUTE_THREADS / 32];
+    __shared__ float red[T / 32];
     __shared__ float sel[MOE_MAX_K];
     __shared__ float gscore[MOE_MAX_GROUPS];
     __shared__ int gkeep[MOE_MAX_GROUPS];
-    const int t = blockIdx.x, tid = threadIdx.x;
-    const float* l = logits + (size_t)t * n_expert;
+    const int tid = threadIdx.x;
     float m = NEG_INF;
-    for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) {
-        const float z = rbias ? l[i] + rbias[i] : l[i];
+    for (int i = tid; i < n_expert; i += T) {
+        const float z = rbias ? __ldcg(l + i) + rbias[i] : __ldcg(l + i);
         p[i] = z;
         m = fmaxf(m, z);
     }
@@ -107,19 +107,19 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_gated(
         sel[tid] = 0.0f;
     }
     if (gating == 0) {
-        m = block_reduce(m, red, true);  // its barrier also publishes p
+        m = block_reduce<T>(m, red, true);  // its barrier also publishes p
         float s = 0.0f;
-        for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) s += expf(p[i] - m);
-        s = block_reduce(s, red, false);
-        for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) p[i] = expf(p[i] - m) / s;
+        for (int i = tid; i < n_expert; i += T) s += expf(p[i] - m);
+        s = block_reduce<T>(s, red, false);
+        for (int i = tid; i < n_expert; i += T) p[i] = expf(p[i] - m) / s;
     } else if (gating == 1) {
-        for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) p[i] = 1.0f / (1.0f + expf(-p[i]));
+        for (int i = tid; i < n_expert; i += T) p[i] = 1.0f / (1.0f + expf(-p[i]));
     }
-    for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) v[i] = sbias ? p[i] + sbias[i] : p[i];
+    for (int i = tid; i < n_expert; i += T) v[i] = sbias ? p[i] + sbias[i] : p[i];
     __syncthreads();
     if (n_groups > 1) {
         const int gsize = n_expert / n_groups;
-        for (int g = tid; g < n_groups; g += MOE_ROUTE_THREADS) {
+        for (int g = tid; g < n_groups; g += T) {
             float b1 = NEG_INF, b2 = NEG_INF;
             for (int i = g * gsize; i < (g + 1) * gsize; ++i) {
                 const float x = v[i];
@@ -133,17 +133,17 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_gated(
             gscore[g] = gsize > 1 ? b1 + b2 : b1;
         }
         __syncthreads();
-        for (int g = tid; g < n_groups; g += MOE_ROUTE_THREADS) {
+        for (int g = tid; g < n_groups; g += T) {
             int rank = 0;
             for (int j = 0; j < n_groups; ++j) rank += (gscore[j] > gscore[g]) || (gscore[j] == gscore[g] && j < g);
             gkeep[g] = rank < n_group_used;
         }
         __syncthreads();
-        for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS)
+        for (int i = tid; i < n_expert; i += T)
             if (!gkeep[i / gsize]) v[i] = NEG_INF;
         __syncthreads();
     }
-    for (int i = tid; i < n_expert; i += MOE_ROUTE_THREADS) {
+    for (int i = tid; i < n_expert; i += T) {
         const int rank = moe_rank(v, n_expert, i);
         if (rank < k) {
             ids[(size_t)t * k + rank] = i;
@@ -174,6 +174,60 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_gated(
     }
 }
 
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_softmax(const float* __restrict__ logits,
+                                                                                 int n_expert, int k, int norm,
+                                                                                 i32* __restrict__ ids,
+                                                                                 float* __restrict__ wts) {
+    const int t = blockIdx.x;
+    route_softmax<MOE_ROUTE_THREADS>(logits + (size_t)t * n_expert, n_expert, k, norm, t, ids, wts);
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_gated(
+    const float* __restrict__ logits, const float* __restrict__ rbias, const float* __restrict__ sbias, int n_expert,
+    int k, int gating, int norm, float scale, int n_groups, int n_group_used, i32* __restrict__ ids,
+    float* __restrict__ wts) {
+    const int t = blockIdx.x;
+    route_gated<MOE_ROUTE_THREADS>(logits + (size_t)t * n_expert, rbias, sbias, n_expert, k, gating, norm, scale,
+                                   n_groups, n_group_used, t, ids, wts);
+}
+
+// The router of one decode token and its routing in one launch (F32 router rows of n_in % 8 == 0 values, 16-byte
+// aligned): each CTA computes MVF_WARPS / wpr of the logits as matvec_f32_1 does (the same sums in the same order),
+// the last CTA to finish (an atomic count in *done, which that CTA sets back to 0) routes them as moe_route_softmax
+// (plain != 0) or moe_route_gated and, where xq is given, quantizes x as quantize_q8_1 for the experts' q8 matvecs
+// (n_in % 32 == 0 then).
+extern "C" __global__ void __launch_bounds__(256) moe_router_route(
+    const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ logits, int n_expert, int n_in, int wpr,
+    int plain, const float* __restrict__ rbias, const float* __restrict__ sbias, int k, int gating, int norm,
+    float scale, int n_groups, int n_group_used, i32* __restrict__ ids, float* __restrict__ wts, i8* __restrict__ xq,
+    float4* __restrict__ xm, unsigned int* done) {
+    __shared__ int last;
+    matvec_float_body<0, 1, true>(w, x, logits, n_expert, n_in, 1, wpr);
+    __threadfence();  // this CTA's logits visible device-wide before it is counted
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    if (threadIdx.x == 0) *done = 0;  // for the next launch (a replayed graph's)
+    __threadfence();
+    if (xq) {  // a warp quantizes whole blocks of 32
+        for (int i = threadIdx.x; i < n_in; i += 256) {
+            const float v = x[i];
+            const float amax = warp_max(fabsf(v));
+            const float d = amax / 127.0f;
+            const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+            xq[i] = (i8)q;
+            float s = (float)q;  // exact: |sum| <= 16 * 127
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+            const float s_hi = __shfl_sync(0xffffffffu, s, 16);
+            if ((threadIdx.x & 31) == 0) xm[i >> 5] = make_float4(d, s, s_hi, 0.0f);
+        }
+    }
+    if (plain) route_softmax<256>(logits, n_expert, k, norm, 0, ids, wts);
+    else route_gated<256>(logits, rbias, sbias, n_expert, k, gating, norm, scale, n_groups, n_group_used, 0, ids, wts);
+}
+
 // y[r, c] += bias[e[r], c] for rows r < n_rows of y (n_rows, n) where e[r] >= 0 (an expert's bias row; -1: a padding
 // row of a prefill's groups, left as it is). One thread an element.
 extern "C" __global__ void moe_add_bias(float* __restrict__ y, const float* __restrict__ bias, const i32* __restrict__ e,
@@ -184,11 +238,12 @@ extern "C" __global__ void moe_add_bias(float* __restrict__ y, const float* __re
     if (x >= 0) y[i] += bias[(size_t)x * n + (int)(i % n)];
 }
 
-// out[t, c] = sum over j < k of wts[t, j] * y[row(t, j), c], row(t, j) = rows[t k + j] (the row of that slot in the
-// experts' outputs) or t k + j where rows is null; in slot order. One thread an output value.
+// out[t, c] = add[t, c] + sum over j < k of wts[t, j] * y[row(t, j), c], row(t, j) = rows[t k + j] (the row of that
+// slot in the experts' outputs) or t k + j where rows is null, summed in slot order; add (the residual stream) may be
+// null: then the sum alone. One thread an output value.
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const i32* __restrict__ rows,
-                                       const float* __restrict__ wts, float* __restrict__ out, int n_tok, int k,
-                                       int n) {
+                                       const float* __restrict__ wts, const float* __restrict__ add,
+                                       float* __restrict__ out, int n_tok, int k, int n) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n_tok * n) return;
     const int t = (int)(i / n), c = (int)(i % n);
@@ -198,7 +253,7 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const i32* _
         const int r = rows ? rows[slot] : slot;
         acc += wts[slot] * y[(size_t)r * n + c];
     }
-    out[i] = acc;
+    out[i] = add ? add[i] + acc : acc;
 }
 
 // Gathers rows of x (n_rows, n) f32 into fp16 (len(src), n): row i is x[src[i]], zeros where src[i] < 0 (padding).

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .matmul import (GEMM_CHUNK_ELEMENTS, GPU_KERNELS, MATVEC_MAX_TOKENS, MV_WARPS, Q6S_NB, Q6S_WARPS, Q8_KERNEL,
-                     Q8_BLOCK, Q8_MATVEC, gpu_kernel, matmul, matvec_config, q8_config, quantize_q8_1)
+                     Q8_BLOCK, Q8_MATVEC, float_wpr, gpu_kernel, matmul, matvec_config, q8_config, quantize_q8_1)
 from .module import get_kernel
 from .ops import GLU_ACTS, glu
 
@@ -62,6 +62,7 @@ class Router:
     n_group_used: int = 0
     bias: object = None  # added to the logits (gpt-oss)
     sel_bias: object = None  # added to the probabilities for the selection only
+    done: object = None  # a zeroed device uint32 (1,) of this layer's: router_route's count of finished CTAs
 
     @property
     def plain(self) -> bool:
@@ -116,6 +117,35 @@ def route_with(logits, r: Router):
     return ids, wts
 
 
+def router_route(x, router: tuple, r: Router, q8: bool):
+    """A decode token's router matvec, routing and (q8) the quantize_q8_1 of x in one launch (moe_router_route), or
+    None where that kernel does not apply (then the router's matmul and route_with): x cupy float32 (1, n_in),
+    router (raw, type) of an F32 router with rows of whole 16-byte chunks, r with a `done` counter. Returns (ids
+    (1, k) int32, weights (1, k) float32, (xq, xm) or None). The logits are summed as matmul's matvec_f32_1 sums
+    them (the same wpr), so the routing equals the two-launch path's."""
+    import cupy  # noqa: PLC0415
+
+    w, type_name = router
+    n_expert, row_bytes = w.shape
+    n_in = row_bytes // 4
+    if (type_name != "F32" or r.done is None or x.shape != (1, n_in) or row_bytes % 32 or w.data.ptr % 16
+            or x.data.ptr % 16 or (q8 and n_in % Q8_BLOCK) or r.why_not(n_expert)):
+        return None
+    wpr = float_wpr(n_expert, n_in)
+    logits = cupy.empty((1, n_expert), dtype=cupy.float32)
+    ids = cupy.empty((1, r.n_used), dtype=cupy.int32)
+    wts = cupy.empty((1, r.n_used), dtype=cupy.float32)
+    xq, xm = _q8_empty(1, n_in) if q8 else (np.uint64(0), np.uint64(0))
+    i32, null = np.int32, np.uint64(0)
+    bias, sel = (null if b is None else _f32_vector(b, n_expert) for b in (r.bias, r.sel_bias))
+    ctas = -(-n_expert // (MV_WARPS // wpr))
+    get_kernel("moe", "moe_router_route")((ctas,), (MV_WARPS * 32,), (
+        w, x, logits, i32(n_expert), i32(n_in), i32(wpr), i32(r.plain), bias, sel, i32(r.n_used),
+        i32(GATINGS[r.gating]), i32(bool(r.norm)), np.float32(r.scale), i32(max(1, r.n_groups)), i32(r.n_group_used),
+        ids, wts, xq, xm, r.done))
+    return ids, wts, ((xq, xm) if q8 else None)
+
+
 def _f32_vector(b, n: int):
     if b.dtype != np.float32 or b.size != n or not b.flags.c_contiguous:
         raise ValueError(f"moe route: a bias must be {n} contiguous float32 values, found {b.dtype} {b.shape}")
@@ -134,18 +164,24 @@ def add_bias(y, bias, experts) -> None:
                                                                               np.int32(n)))
 
 
-def combine(y, wts, n_tok: int, rows=None):
-    """out (n_tok, n) = sum_j wts[t, j] * y[rows[t k + j]] (rows None: slot t k + j)."""
+def combine(y, wts, n_tok: int, rows=None, residual=None):
+    """out (n_tok, n) = residual + sum_j wts[t, j] * y[rows[t k + j]] (rows None: slot t k + j; residual None: the
+    sum alone; else float32 (n_tok, n) on the device, C-contiguous)."""
     import cupy  # noqa: PLC0415
 
     n = y.shape[-1]
     k = wts.shape[1]
     out = cupy.empty((n_tok, n), dtype=cupy.float32)
     total = n_tok * n
+    if residual is not None and (residual.shape != (n_tok, n) or residual.dtype != np.float32
+                                 or not residual.flags.c_contiguous):
+        raise ValueError(f"moe combine: the residual must be float32 ({n_tok}, {n}) contiguous, found "
+                         f"{residual.dtype} {residual.shape}")
     if total:
-        rows_arg = np.uint64(0) if rows is None else rows
-        get_kernel("moe", "moe_combine")(((total + 255) // 256,), (256,), (y, rows_arg, wts, out, np.int32(n_tok),
-                                                                          np.int32(k), np.int32(n)))
+        null = np.uint64(0)
+        get_kernel("moe", "moe_combine")(((total + 255) // 256,), (256,), (
+            y, null if rows is None else rows, wts, null if residual is None else residual, out, np.int32(n_tok),
+            np.int32(k), np.int32(n)))
     return out
 
 
@@ -210,14 +246,15 @@ def id_matvec(ws: list, type_name: str, x, ids, x_div: int, q8_act=None) -> list
     return ys
 
 
-def _decode(h, ids, wts, gate, up, down, act: str, biases: tuple = (None, None, None)):
+def _decode(h, ids, wts, gate, up, down, act: str, biases: tuple = (None, None, None), q8_act=None,
+            residual=None):
     n_tok, n_used = ids.shape
     flat = ids.reshape(-1)
     bg, bu, bd = biases
     if gate[1] == up[1] and gate[0].shape == up[0].shape:
-        g, u = id_matvec([gate[0], up[0]], gate[1], h, flat, n_used)
+        g, u = id_matvec([gate[0], up[0]], gate[1], h, flat, n_used, q8_act)
     else:
-        (g,), (u,) = (id_matvec([w[0]], w[1], h, flat, n_used) for w in (gate, up))
+        (g,), (u,) = (id_matvec([w[0]], w[1], h, flat, n_used, q8_act) for w in (gate, up))
     for y, b in ((g, bg), (u, bu)):
         if b is not None:
             add_bias(y, b, flat)
@@ -227,7 +264,7 @@ def _decode(h, ids, wts, gate, up, down, act: str, biases: tuple = (None, None, 
         (d,) = id_matvec([down[0]], down[1], glu(g, u, act), flat, 1)
     if bd is not None:
         add_bias(d, bd, flat)
-    return combine(d, wts, n_tok)
+    return combine(d, wts, n_tok, residual=residual)
 
 
 def _glu_q8(g, u, act: str) -> tuple:
@@ -236,14 +273,22 @@ def _glu_q8(g, u, act: str) -> tuple:
 
     n_rows, n = g.shape
     total = n_rows * n
-    q_bytes = -(-total // 16) * 16  # xm starts 16-byte aligned, as quantize_q8_1's
-    buf = cupy.empty(q_bytes + total // Q8_BLOCK * 16, dtype=cupy.uint8)
-    xq = buf[:total].view(cupy.int8).reshape(n_rows, n)
-    xm = buf[q_bytes:].view(cupy.float32).reshape(n_rows, n // Q8_BLOCK, 4)
+    xq, xm = _q8_empty(n_rows, n)
     if total:
         get_kernel("moe", "moe_glu_q8")(((total + 255) // 256,), (256,), (g, u, np.int32(GLU_ACTS[act]), xq, xm,
                                                                           np.int32(total)))
     return xq, xm
+
+
+def _q8_empty(n_rows: int, n: int) -> tuple:
+    """Uninitialized (xq int8 (n_rows, n), xm float32 (n_rows, n / 32, 4)) in one buffer, as quantize_q8_1's."""
+    import cupy  # noqa: PLC0415
+
+    total = n_rows * n
+    q_bytes = -(-total // 16) * 16  # xm starts 16-byte aligned, as quantize_q8_1's
+    buf = cupy.empty(q_bytes + total // Q8_BLOCK * 16, dtype=cupy.uint8)
+    return (buf[:total].view(cupy.int8).reshape(n_rows, n),
+            buf[q_bytes:].view(cupy.float32).reshape(n_rows, n // Q8_BLOCK, 4))
 
 
 def _bucket(m: int) -> int:
@@ -473,7 +518,8 @@ def _mma_kernel(type_name: str, glu_: bool):
     return fn, smem
 
 
-def prefill_mma(h, ids, wts, gate: tuple, up: tuple, down: tuple, act: str, biases: tuple = (None, None, None)):
+def prefill_mma(h, ids, wts, gate: tuple, up: tuple, down: tuple, act: str, biases: tuple = (None, None, None),
+                residual=None):
     """The experts of routed tokens (ids, wts from route) for a batch, on the tensor cores (moe_mma.cu): the pairs
     grouped by expert on the device (group), then one launch for gate and up with the GLU (fp16 out), one for down
     (float32 out) and moe_combine; no host synchronization (a prefill batch can be one CUDA graph). The experts
@@ -499,15 +545,16 @@ def prefill_mma(h, ids, wts, gate: tuple, up: tuple, down: tuple, act: str, bias
         fn, smem = _mma_kernel(down[1], False)
         fn((-(-n_out // MM_BN), max_tiles), (MM_THREADS,), (down[0], i64(eb_down), tiles, n_tiles, a16, i32(n_in),
                                                             i32(n_out), bd, y), shared_mem=smem)
-    return combine(y, wts, n_tok, rows=dest)
+    return combine(y, wts, n_tok, rows=dest, residual=residual)
 
 
 def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, routing: Router, act: str, on_route=None,
-            biases: tuple = (None, None, None)):
+            biases: tuple = (None, None, None), residual=None):
     """The MoE FFN of h (see the module docstring); every weight a (raw on the device, GGML type) pair, biases the
     experts' bias rows of gate, up and down (float32 (n_expert, n_out) on the device) or None. on_route, when
     given, is called with the routing (ids int32, weights float32, both cupy (n_tok, n_used)) before the experts
-    run (a routing trace: it may copy them to the host)."""
+    run (a routing trace: it may copy them to the host). residual: when given ((n_tok, n_embd) on the device), the
+    result is residual + the FFN (added in the weighted sum's kernel)."""
     import cupy  # noqa: PLC0415
 
     h = cupy.ascontiguousarray(h, dtype=cupy.float32)
@@ -516,13 +563,20 @@ def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, routing: Rout
             raise ValueError(f"no MoE kernels for expert tensors of {w[1]}")
     if act not in GLU_ACTS:
         raise ValueError(f"no MoE GLU {act!r}: expected one of {', '.join(GLU_ACTS)}")
-    logits = matmul(router[0], router[1], h)  # (n_tok, n_expert)
-    ids, wts = route_with(logits, routing)
+    if residual is not None:
+        residual = cupy.ascontiguousarray(residual, dtype=cupy.float32)
+    fused = router_route(h, router, routing, gate[1] in Q8_MATVEC) if h.shape[0] == 1 else None
+    if fused is not None:  # one token: router, routing and the experts' q8 input in one launch
+        ids, wts, q8_act = fused
+    else:
+        ids, wts = route_with(matmul(router[0], router[1], h), routing)  # logits (n_tok, n_expert) between
+        q8_act = None
     if on_route is not None:
         on_route(ids, wts)
     if h.shape[0] <= MATVEC_MAX_TOKENS:
-        return _decode(h, ids, wts, gate, up, down, act, biases)
+        return _decode(h, ids, wts, gate, up, down, act, biases, q8_act, residual)
     if not mma_why_not(gate, up, down):
-        return prefill_mma(h, ids, wts, gate, up, down, act, biases)
+        return prefill_mma(h, ids, wts, gate, up, down, act, biases, residual)
     shapes = tuple(_expert_dims(*w)[1:3] for w in (gate, up, down))  # gate and up of two types: dequant + cuBLAS
-    return prefill(h, ids, wts, shapes, tuple(resident_experts(*w) for w in (gate, up, down)), act, biases=biases)
+    out = prefill(h, ids, wts, shapes, tuple(resident_experts(*w) for w in (gate, up, down)), act, biases=biases)
+    return out if residual is None else out + residual

@@ -8,8 +8,9 @@ the captured token graph replayed alone (CUDA events), (3) each backend op of on
 re-timed per op kind as a CUDA graph over all of that kind's calls of the token (so weights stream from HBM as
 in a real token, not from L2), with bytes moved and GB/s for the matmuls. The weight bytes over the measured
 device copy rate give the bandwidth limit on tokens/s (MoE: the experts a token uses, n_expert_used of n_expert).
-MoE layers (GpuBackend.fused_moe) are split into their parts: "moe router" (the router matmul), "moe route"
-(softmax and top-k), "moe experts" (the gate/up and down id matvecs, and the q8 quantization of their inputs),
+MoE layers (GpuBackend.fused_moe) are split into their parts: "moe router+route+q8" (a decode token's router
+matvec, softmax and top-k and the q8 quantization of the experts' input in one launch), or where that does not
+apply "moe router" (the router matmul) and "moe route" (softmax and top-k); "moe experts" (the gate/up and down id matvecs, and the q8 quantization of their inputs),
 "moe glu" or "moe glu+q8" (the GLU with the q8 quantization of the down input) and "moe combine" (the weighted
 sum).
 """
@@ -35,7 +36,8 @@ from gpu_check import time_events, time_graph  # noqa: E402
 OPS = ("matmul", "matmuls", "rms_norm", "add_rms_norm", "rms_norm_heads", "rope", "fused_qk_norm_rope", "scale", "glu",
        "kv_store", "attention")
 # kernels_gpu.moe's module-level functions its moe_ffn calls, wrapped as the backend's ops are
-MOE_OPS = {"matmul": "moe router", "route_with": "moe route", "id_matvec": "moe experts",
+MOE_OPS = {"matmul": "moe router", "route_with": "moe route", "router_route": "moe router+route+q8",
+           "id_matvec": "moe experts",
            "glu": "moe glu", "_glu_q8": "moe glu+q8", "combine": "moe combine"}
 
 

@@ -53,9 +53,9 @@ def main() -> int:
         cfg, seen = eng.config, []
         orig_fused = GpuBackend.fused_moe
 
-        def record(self, spec, cfg_, lw_, h_):
+        def record(self, spec, cfg_, lw_, h_, residual=None):
             seen.append(cupy.array(h_, dtype=cupy.float32))
-            return orig_fused(self, spec, cfg_, lw_, h_)
+            return orig_fused(self, spec, cfg_, lw_, h_, residual)
 
         GpuBackend.fused_moe = record
         try:

@@ -67,7 +67,7 @@ def _record(eng: Engine, tokens) -> list[tuple[dict, np.ndarray]]:
     """(layer weights, normed FFN input h) of every MoE layer of one op-by-op eval of tokens."""
     seen = []
 
-    def record(spec, cfg, lw, h):
+    def record(spec, cfg, lw, h, residual=None):
         seen.append((lw, np.array(h)))
         return None
 

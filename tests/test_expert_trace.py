@@ -51,9 +51,9 @@ def test_the_trace_is_the_routing_the_fused_path_ran(moe_path, monkeypatch):
     used: list[bool] = []
     fused = CpuBackend.fused_moe
 
-    def spy(be, spec, cfg, lw, h):
+    def spy(be, spec, cfg, lw, h, residual=None):
         seen.setdefault(moe_layer(lw), []).append(np.array(h))
-        out = fused(be, spec, cfg, lw, h)
+        out = fused(be, spec, cfg, lw, h, residual)
         used.append(out is not None)
         return out
 

@@ -72,6 +72,59 @@ def test_route_on_a_fixture_router(fixtures_dir):
     assert ties <= 3, ties
 
 
+@pytest.mark.parametrize("n_expert,n_in", [(128, 2048), (64, 1024), (256, 512), (8, 256)])
+@pytest.mark.parametrize("gated", [False, True])
+def test_router_route_equals_the_two_launches(n_expert, n_in, gated):
+    """moe_router_route (a decode token's router, routing and q8 input in one launch) gives exactly the ids, weights
+    and q8 activations of the router matmul + route_with + quantize_q8_1, launch after launch (its CTA count goes
+    back to 0)."""
+    from kernels_gpu.matmul import matmul, quantize_q8_1
+
+    rng = np.random.default_rng(n_expert + n_in)
+    k = min(8, n_expert)
+    w = (rng.standard_normal((n_expert, n_in)) * 0.05).astype(np.float32)
+    done = cupy.zeros(1, dtype=cupy.uint32)
+    if gated:  # sigmoid with a selection bias in groups, as deepseek2/glm4moe
+        groups = 4 if n_expert % 4 == 0 else 1
+        r = moe.Router(k, True, "sigmoid", 2.5, groups, max(1, groups // 2), None,
+                       cupy.asarray(rng.standard_normal(n_expert).astype(np.float32) * 0.1), done)
+    else:
+        r = moe.Router(k, True, done=done)
+    wd = cupy.asarray(w.view(np.uint8))
+    for rep in range(3):
+        x = cupy.asarray(rng.standard_normal((1, n_in)).astype(np.float32))
+        fused = moe.router_route(x, (wd, "F32"), r, q8=True)
+        assert fused is not None
+        ids, wts, (xq, xm) = fused
+        rid, rwt = moe.route_with(matmul(wd, "F32", x), r)
+        assert np.array_equal(ids.get(), rid.get()), rep
+        assert np.array_equal(wts.get(), rwt.get()), rep
+        qq, qm = quantize_q8_1(x)
+        assert np.array_equal(xq.get(), qq.get()) and np.array_equal(xm.get(), qm.get())
+        assert int(done.get()[0]) == 0
+    assert moe.router_route(cupy.zeros((2, n_in), cupy.float32), (wd, "F32"), r, q8=True) is None  # one token only
+    assert moe.router_route(x, (wd, "F32"), moe.Router(k, True), q8=True) is None  # no counter
+
+
+@pytest.mark.parametrize("types", [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q8_0", "Q6_K"), ("IQ4_XS", "IQ4_XS", "Q8_0")])
+@pytest.mark.parametrize("n_tok", [1, 3, 40])
+def test_moe_ffn_one_launch_router_and_residual(types, n_tok):
+    """moe_ffn with the one-launch router (a Router with a counter) and a residual equals moe_ffn without both plus
+    the residual, bit for bit: the same logits, routing, q8 activations and sums."""
+    rng = np.random.default_rng(5)
+    n_expert, k, n_embd, n_ff = 16, 4, 512, 256
+    gate, up = (_experts(t, n_expert, n_ff, n_embd, rng, 0.05) for t in types[:2])
+    down = _experts(types[2], n_expert, n_embd, n_ff, rng, 0.05)
+    router = rng.standard_normal((n_expert, n_embd)).astype(np.float32)
+    h = cupy.asarray(rng.standard_normal((n_tok, n_embd)).astype(np.float32))
+    res = cupy.asarray(rng.standard_normal((n_tok, n_embd)).astype(np.float32))
+    dev = [cupy.asarray(a) for a in (router.view(np.uint8), gate, up, down)]
+    ws = ((dev[0], "F32"), (dev[1], types[0]), (dev[2], types[1]), (dev[3], types[2]))
+    plain = moe.moe_ffn(h, *ws, moe.Router(k, True), "silu")
+    fused = moe.moe_ffn(h, *ws, moe.Router(k, True, done=cupy.zeros(1, cupy.uint32)), "silu", residual=res)
+    assert np.array_equal(fused.get(), (res + plain).get())
+
+
 def _experts(type_name: str, n_expert: int, n_out: int, n_in: int, rng, scale: float = 1.0) -> np.ndarray:
     return np.stack([random_weight(type_name, n_out, n_in, rng, scale) for _ in range(n_expert)])
 

@@ -369,25 +369,29 @@ def _ref_rows(raw: np.ndarray, type_name: str, hd: int) -> np.ndarray:
     return v.astype(np.float64).reshape(raw.shape[0], raw.shape[1], hd)
 
 
-@pytest.mark.parametrize("type_name", ["f32", "f16", "q8_0", "q4_0"])
-def test_kv_store_matches_ggml_reference(type_name):
+@pytest.mark.parametrize("type_k,type_v,hd_v", [("f32", "f32", 64), ("f16", "f16", 64), ("q8_0", "q8_0", 64),
+                                              ("q4_0", "q4_0", 64), ("q8_0", "f16", 64), ("f16", "q4_0", 32),
+                                              ("f32", "q8_0", 96)])
+def test_kv_store_matches_ggml_reference(type_k, type_v, hd_v):
+    """k and v (one launch, kv_store_kv) of any two types and head sizes, as ggml encodes them."""
     rng = np.random.default_rng(9)
     n_ctx, n_kv, hd = 20, 3, 64
-    layer = alloc_kv_layer(n_ctx, n_kv, hd, hd, type_name, type_name)
+    layer = alloc_kv_layer(n_ctx, n_kv, hd, hd_v, type_k, type_v)
     k = (rng.standard_normal((5, n_kv, hd)) * 2).astype(np.float32)
-    v = rng.standard_normal((5, n_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((5, n_kv, hd_v)).astype(np.float32)
     k[0, 0, :32] = 0  # an all-zero block
     k[1, 1, :32] = -1.5  # ties in |x|
+    v[2, 2, :32] = 0
     pos = np.array([4, 0, 19, 7, 8], dtype=np.int32)
     kv_store(layer, cupy.asarray(pos), cupy.asarray(k), cupy.asarray(v))
     enc = {"f32": lambda a: a.view(np.uint8), "f16": lambda a: a.astype(np.float16).view(np.uint8),
-           "q8_0": quantize_q8_0, "q4_0": quantize_q4_0}[type_name]
+           "q8_0": quantize_q8_0, "q4_0": quantize_q4_0}
     got_k, got_v = layer.k.get(), layer.v.get()
     for t, p in enumerate(pos):
-        np.testing.assert_array_equal(got_k[p], enc(k[t]).reshape(n_kv, -1))
-        np.testing.assert_array_equal(got_v[p], enc(v[t]).reshape(n_kv, -1))
+        np.testing.assert_array_equal(got_k[p], enc[type_k](k[t]).reshape(n_kv, -1))
+        np.testing.assert_array_equal(got_v[p], enc[type_v](v[t]).reshape(n_kv, -1))
     untouched = np.setdiff1d(np.arange(n_ctx), pos)
-    assert not got_k[untouched].any()
+    assert not got_k[untouched].any() and not got_v[untouched].any()
 
 
 def ref_attention(q, kv_k, kv_v, pos, scale, n_swa):

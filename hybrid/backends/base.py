@@ -90,10 +90,11 @@ class Backend(Protocol):
         """The rest of layer_forward after the attention part a (x + a, the FFN, the residual) -> (n, n_embd) f32,
         or None where this backend has no fused form (GPU backends: always None)."""
 
-    def fused_moe(self, spec, cfg, lw: dict[str, Weight], h: Array):
+    def fused_moe(self, spec, cfg, lw: dict[str, Weight], h: Array, residual: Array | None = None):
         """The MoE FFN of the normed h (n, n_embd) f32 (routing, the selected experts, their weighted sum) ->
         (n, n_embd) f32 in compiled kernels with no Python loop over experts, or None where this backend has no
-        fused form for the layer or the batch (blocks.moe_ffn then runs the op-by-op reference)."""
+        fused form for the layer or the batch (blocks.moe_ffn then runs the op-by-op reference). residual: when
+        given ((n, n_embd) f32), the result is residual + the weighted sum."""
 
 
 @runtime_checkable

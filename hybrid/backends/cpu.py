@@ -47,12 +47,14 @@ class CpuBackend:
             return self._moe.ffn_half(spec, cfg, lw, x, a, self.routing_observer)
         return self._fused.ffn(spec, cfg, lw, x, a)
 
-    def fused_moe(self, spec, cfg, lw: dict[str, Weight], h: np.ndarray):
+    def fused_moe(self, spec, cfg, lw: dict[str, Weight], h: np.ndarray, residual: np.ndarray | None = None):
         """blocks.moe_ffn in compiled code (cpu_moe, kernels_cpu.moe): the routing, the selected experts and their
-        weighted sum, where the layer's experts have integer-dot types (cpu_moe.moe_fusable); else None."""
+        weighted sum (plus residual where given), where the layer's experts have integer-dot types
+        (cpu_moe.moe_fusable); else None."""
         if not self.fused:
             return None
-        return self._moe(spec, cfg, lw, h, self.routing_observer)
+        out = self._moe(spec, cfg, lw, h, self.routing_observer)
+        return out if out is None or residual is None else residual + out
 
     def _tables(self, positions: np.ndarray, n_rot: int, base: float, scale: float,
                 yarn: tuple | None = None) -> rope.RopeTables:

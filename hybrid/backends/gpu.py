@@ -90,9 +90,9 @@ class GpuBackend:
         from kernels_gpu.graph import GraphRunner  # noqa: PLC0415
 
         ils = sorted(kv_layers)
-        sig = tuple((il, kv_layers[il].k.shape, kv_layers[il].v.shape, kv_layers[il].type_k, kv_layers[il].type_v)
-                    for il in ils)
-        ptrs = [p for il in ils for p in (kv_layers[il].k.data.ptr, kv_layers[il].v.data.ptr)]
+        layers = [kv_layers[il] for il in ils]
+        sig = (tuple(ils), tuple(layer.graph_key for layer in layers))
+        ptrs = [p for layer in layers for p in layer.ptrs]
 
         def step(xd, pos, slots):
             base = slots.data.ptr
@@ -330,20 +330,23 @@ class GpuBackend:
         """No fused FFN here either."""
         return None
 
-    def fused_moe(self, spec, cfg, lw, h):
+    def fused_moe(self, spec, cfg, lw, h, residual=None):
         """The MoE FFN as MUL_MAT_ID (kernels_gpu.moe): routing on the device (plain softmax and the gated forms:
         sigmoid, the selection bias, groups, a scale, gpt-oss's softmax of the selected with the router's and the
         experts' biases) and the selected experts read in place, no host synchronization for a decode batch (so MoE
         layers stay inside the decode CUDA graph). Experts kept in host memory (-ot, --n-cpu-moe) run through
         self.host_experts (backends/host_experts.py). None where the experts are of a float type (no id kernels) or
-        the device lacks the layer's GLU or routing (blocks.moe_ffn then runs op by op, routed on the host)."""
+        the device lacks the layer's GLU or routing (blocks.moe_ffn then runs op by op, routed on the host).
+        residual: when given, the result is residual + the experts' sum (one kernel with the sum for resident
+        experts)."""
         from kernels_gpu import moe  # noqa: PLC0415
 
         from hybrid.backends.host_experts import has_host_experts  # noqa: PLC0415
 
         ws = [lw[n] for n in _MOE_TENSORS]
         if isinstance(ws[0].raw, self._cupy.ndarray) and has_host_experts(lw):
-            return self.host_experts(spec, cfg, lw, h)  # the router here, the experts in RAM (any routing)
+            out = self.host_experts(spec, cfg, lw, h)  # the router here, the experts in RAM (any routing)
+            return out if residual is None else self._dev(residual) + out
         if not all(isinstance(w.raw, self._cupy.ndarray) for w in ws):
             return None
         if not all(moe.supported(w.type_name) for w in ws[1:]):
@@ -354,4 +357,4 @@ class GpuBackend:
         router, gate, up, down = ((w.raw, w.type_name) for w in ws)
         on_route = None if self.routing_observer is None else (lambda ids, wts: self.report_routing(lw, ids, wts))
         return moe.moe_ffn(self._dev(h), router, gate, up, down, layer.router, spec.ffn_act, on_route,
-                           layer.biases)
+                           layer.biases, None if residual is None else self._dev(residual))

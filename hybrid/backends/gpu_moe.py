@@ -43,7 +43,8 @@ class DeviceMoeLayers:
             return None
         r = routing(spec, cfg)
         dev = moe.Router(r.n_used, r.normalize, r.gating, r.scale, r.n_groups, r.n_group_used,
-                         self._vector(lw, "ffn_gate_inp.bias"), self._vector(lw, "exp_probs_b.bias"))
+                         self._vector(lw, "ffn_gate_inp.bias"), self._vector(lw, "exp_probs_b.bias"),
+                         self._upload(np.zeros(1, dtype=np.uint32)))  # the one-launch decode router's counter
         if dev.why_not(cfg.n_expert):
             return None
         rows = [bias_rows(lw, f"{n}.bias") for n in EXPERT_TENSORS]

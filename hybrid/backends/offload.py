@@ -135,7 +135,7 @@ class OffloadBackend:
         """No fused FFN here either."""
         return None
 
-    def fused_moe(self, spec, cfg, lw, h):
+    def fused_moe(self, spec, cfg, lw, h, residual=None):
         """The MoE FFN of a big batch as the GpuBackend's prefill (kernels_gpu.moe): the router streams as a matrix,
         routing runs on the GPU (every routing its kernels know: GpuBackend.moe_layers), and only the experts the
         batch uses are uploaded from host memory (HostExperts.run_uploaded), a run of experts at a time, with their
@@ -154,4 +154,5 @@ class OffloadBackend:
         self.gpu.report_routing(lw, ids, wts)  # a routing trace's, when one listens
         # the used experts uploaded as for a GPU layer's experts in RAM: by DMA from their locked pages where the
         # engine page-locked them (Engine.load), else staged through pinned buffers
-        return self.gpu.host_experts.run_uploaded(spec, lw, x, ids, wts, ws[1:])
+        out = self.gpu.host_experts.run_uploaded(spec, lw, x, ids, wts, ws[1:])
+        return out if residual is None else self._dev(residual) + out

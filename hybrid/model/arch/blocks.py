@@ -37,6 +37,8 @@ def layer_forward(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], i
     if out is not None:
         return out
     x, h = be.add_rms_norm(x, a, lw["ffn_norm"].raw, eps)  # x + a, and its norm
+    if spec.moe and not spec.sandwich_norm:  # x + the FFN: on the GPU, added in the experts' weighted sum
+        return moe_ffn(be, spec, cfg, lw, h, residual=x)
     f = moe_ffn(be, spec, cfg, lw, h) if spec.moe else ffn(be, spec, lw, h)
     if spec.sandwich_norm:
         f = be.rms_norm(f, lw["post_ffw_norm"].raw, eps)
@@ -152,12 +154,18 @@ def expert_biases(be, lw: dict[str, Weight], name: str):
     return be.from_host(raw) if isinstance(raw, np.ndarray) else raw
 
 
-def moe_ffn(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], h: np.ndarray) -> np.ndarray:
+def moe_ffn(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], h: np.ndarray,
+            residual: np.ndarray | None = None) -> np.ndarray:
     """Top-k experts per token, plus the shared expert where the layer has one: the routed experts through the
     backend's fused form where it has one (Backend.fused_moe: the CPU's for every routing, a GPU's for plain
     softmax), else op by op with the routing on the host and tokens grouped by expert, so each expert's weights
-    are read once per batch."""
-    out = be.fused_moe(spec, cfg, lw, h)  # None where the backend has no fused form for this layer or batch
+    are read once per batch. residual: when given, the result is residual + all that (the same sums: the fused
+    form adds it to the routed experts' only where no shared expert follows)."""
+    shared = SHARED_EXPERT[0] in lw
+    fused_res = None if shared else residual
+    out = be.fused_moe(spec, cfg, lw, h, fused_res)  # None where the backend has no fused form here
+    if out is not None and fused_res is not None:
+        return out
     if out is None:
         logits = np.asarray(be.to_host(be.matmul(lw["ffn_gate_inp"], h)), dtype=np.float32)  # (n, n_expert)
         ids, w = route_layer(spec, cfg, lw, logits, be.to_host)
@@ -176,7 +184,7 @@ def moe_ffn(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], h: np.n
             if bd is not None:
                 d = d + bd[e]
             be.scatter_add(out, rows, d, w[rows, slot])
-    if SHARED_EXPERT[0] in lw:
+    if shared:
         g, u = be.matmuls((lw["ffn_gate_shexp"], lw["ffn_up_shexp"]), h)
         out = out + be.matmul(lw["ffn_down_shexp"], be.glu(g, u, spec.ffn_act))
-    return out
+    return out if residual is None else residual + out
