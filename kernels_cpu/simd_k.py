@@ -13,7 +13,7 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-from kernels_cpu.simd import I8x32, I16x16, has_avx2, ir_call, ir_const_vec, ir_ptr, ir_shuffle
+from kernels_cpu.simd import I8x32, I16x16, I32x8, has_avx2, ir_call, ir_const_vec, ir_ptr, ir_shuffle
 from kernels_cpu.simd_int import _maddubs
 
 _I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
@@ -130,3 +130,18 @@ def mins_pairs_from_u64(typingctx, v):
         pairs = ir_shuffle(builder, bytes8, bytes8, [g // 2 for g in range(16)])
         return builder.zext(pairs, _V16x16)
     return I16x16(v), codegen
+
+
+@intrinsic
+def scale_pair_i32(typingctx, a, off):
+    """The 2 signed bytes a[off], a[off + 1] as int32 lanes 0-3 and 4-7: Q6_K's two 16-element scales of a group of
+    32 codes against the int32 lanes vpdpbusd leaves (lane j: codes 4j..4j+3)."""
+    if not (isinstance(a, types.Array) and a.dtype in (types.uint8, types.int8) and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        off64 = context.cast(builder, args[1], sig.args[1], types.intp)
+        p = ir_ptr(context, builder, sig.args[0], args[0], off64, ir.VectorType(_I8, 2))
+        b = builder.load(p, align=1)
+        return builder.sext(ir_shuffle(builder, b, b, [0, 0, 0, 0, 1, 1, 1, 1]), ir.VectorType(_I32, 8))
+    return I32x8(a, off), codegen

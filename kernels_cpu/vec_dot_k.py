@@ -25,9 +25,10 @@ from kernels_cpu.sched import next_task
 from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_f16, load_i8x32, load_i16x16, load_nib16, load_u32,
                               prefetch, store_scaled, zero_f32)
 from kernels_cpu.simd_int import (abs_i8, add_i32, addc_i8, and_i8, lut16_i8, madd, maddubs, or_i8, shl_i8, shr_i8,
-                                  sign_i8, splat2_i16, splat_i16, zero_i32)
-from kernels_cpu.simd_k import (K4_SCALE_SHUF, K6_SCALE_SHUF, maddubs_32, mins_pairs_from_u64, scales_from_u64,
-                                scales_i8x8, shuffle_scales, sub_i16)
+                                  sign_i8, splat2_i16, splat_i16, splat_i8, zero_i32)
+from kernels_cpu.simd_k import (K4_SCALE_SHUF, K6_SCALE_SHUF, maddubs_32, mins_pairs_from_u64, scale_pair_i32,
+                                scales_from_u64, scales_i8x8, shuffle_scales, sub_i16)
+from kernels_cpu.simd_x8 import dpbusd, has_vnni, mul_i32, sub_i32
 from kernels_cpu.vec_dot_legacy import KVALUES_IQ4NL, prefetch_distance
 
 QK_K = 256
@@ -292,6 +293,31 @@ def isum_q6_k_half(w, o, h, x0, x1, x2, x3, z0, z1, z2, z3):
     return add_i32(acc, madd(sub_i16(maddubs(q, x3), z3), shuffle_scales(sv, K6_SCALE_SHUF, 3)))
 
 
+@njit(inline="always")
+def isum_q6_k_half_vnni(w, o, h, x0, x1, x2, x3, n0, n1, n2, n3):
+    """isum_q6_k_half's int32 lanes, equal lane for lane, through vpdpbusd: n_k = -32 times the sums of 4
+    activations of x_k (shared by the rows), so vpdpbusd of the unsigned codes from n_k leaves the exact
+    sum of (q - 32) * q8 over codes 4j..4j+3 in lane j, as vpmaddubsw, the 32 x term and vpmaddwd's pairs did;
+    each is then multiplied by its 16-element scale (vpmulld)."""
+    ql0, ql1 = load_i8x32(w, o + 64 * h), load_i8x32(w, o + 64 * h + 32)
+    qh = load_i8x32(w, o + 128 + 32 * h)
+    so = o + 192 + 8 * h  # int8 scales of sub-blocks 8h..8h+7: group k takes 8h + 2k and 8h + 2k + 1
+    q = or_i8(and_i8(ql0, 15), shl_i8(and_i8(qh, 3), 4))
+    acc = mul_i32(dpbusd(n0, q, x0), scale_pair_i32(w, so))
+    q = or_i8(and_i8(ql1, 15), shl_i8(and_i8(shr_i8(qh, 2), 3), 4))
+    acc = add_i32(acc, mul_i32(dpbusd(n1, q, x1), scale_pair_i32(w, so + 2)))
+    q = or_i8(shr_i8(ql0, 4), shl_i8(and_i8(shr_i8(qh, 4), 3), 4))
+    acc = add_i32(acc, mul_i32(dpbusd(n2, q, x2), scale_pair_i32(w, so + 4)))
+    q = or_i8(shr_i8(ql1, 4), shl_i8(shr_i8(qh, 6), 4))
+    return add_i32(acc, mul_i32(dpbusd(n3, q, x3), scale_pair_i32(w, so + 6)))
+
+
+@njit(inline="always")
+def neg32_sums(x):
+    """-32 times the sums of each 4 activations of x, int32 lanes (isum_q6_k_half_vnni's start)."""
+    return sub_i32(zero_i32(), dpbusd(zero_i32(), splat_i8(32), x))
+
+
 @njit(cache=True, fastmath=True)
 def dot2_q6_k(w, wo, rb, xq, xd, bsums, nb):
     a0, a1 = zero_f32(), zero_f32()
@@ -304,9 +330,14 @@ def dot2_q6_k(w, wo, rb, xq, xd, bsums, nb):
                 prefetch(w, wo + 2 * i * 210 + pf + 256 * h + 64 * k)
             x0, x1 = load_i8x32(xq, xb + 128 * h), load_i8x32(xq, xb + 128 * h + 32)
             x2, x3 = load_i8x32(xq, xb + 128 * h + 64), load_i8x32(xq, xb + 128 * h + 96)
-            z0, z1, z2, z3 = maddubs_32(x0), maddubs_32(x1), maddubs_32(x2), maddubs_32(x3)  # shared by both rows
-            s0 = add_i32(s0, isum_q6_k_half(w, o, h, x0, x1, x2, x3, z0, z1, z2, z3))
-            s1 = add_i32(s1, isum_q6_k_half(w, o + rb, h, x0, x1, x2, x3, z0, z1, z2, z3))
+            if has_vnni():  # the same int32 lanes through vpdpbusd (a compile-time branch)
+                n0, n1, n2, n3 = neg32_sums(x0), neg32_sums(x1), neg32_sums(x2), neg32_sums(x3)  # both rows'
+                s0 = add_i32(s0, isum_q6_k_half_vnni(w, o, h, x0, x1, x2, x3, n0, n1, n2, n3))
+                s1 = add_i32(s1, isum_q6_k_half_vnni(w, o + rb, h, x0, x1, x2, x3, n0, n1, n2, n3))
+            else:
+                z0, z1, z2, z3 = maddubs_32(x0), maddubs_32(x1), maddubs_32(x2), maddubs_32(x3)  # both rows'
+                s0 = add_i32(s0, isum_q6_k_half(w, o, h, x0, x1, x2, x3, z0, z1, z2, z3))
+                s1 = add_i32(s1, isum_q6_k_half(w, o + rb, h, x0, x1, x2, x3, z0, z1, z2, z3))
         a0 = fma_f32(a0, cvt_f32(s0), load_f16(w, o + 208) * dx)
         a1 = fma_f32(a1, cvt_f32(s1), load_f16(w, o + rb + 208) * dx)
     return hsum_f32(a0), hsum_f32(a1)
