@@ -249,14 +249,23 @@ def quantize_q8_1(x):
     if n % Q8_BLOCK:
         raise ValueError(f"x rows of {n} values are not whole blocks of {Q8_BLOCK}")
     total = n_tok * n
-    q_bytes = -(-total // 16) * 16  # xm starts 16-byte aligned
-    buf = cupy.empty(q_bytes + total // Q8_BLOCK * 16, dtype=cupy.uint8)
-    xq = buf[:total].view(cupy.int8).reshape(n_tok, n)
-    xm = buf[q_bytes:].view(cupy.float32).reshape(n_tok, n // Q8_BLOCK, 4)
+    xq, xm = q8_empty(n_tok, n)
     if total:
         fn = get_kernel("matvec_q8", "quantize_q8_1")
         fn(((total + 255) // 256,), (256,), (x, xq, xm, np.int32(total)))
     return xq, xm
+
+
+def q8_empty(n_rows: int, n: int) -> tuple:
+    """Uninitialized 8-bit activations of n_rows rows of n values (n % 32 == 0) as quantize_q8_1 lays them out:
+    (xq int8 (n_rows, n), xm float32 (n_rows, n / 32, 4)), one buffer, xm 16-byte aligned."""
+    import cupy  # noqa: PLC0415
+
+    total = n_rows * n
+    q_bytes = -(-total // 16) * 16
+    buf = cupy.empty(q_bytes + total // Q8_BLOCK * 16, dtype=cupy.uint8)
+    return (buf[:total].view(cupy.int8).reshape(n_rows, n),
+            buf[q_bytes:].view(cupy.float32).reshape(n_rows, n // Q8_BLOCK, 4))
 
 
 def q8_1_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .matmul import (GEMM_CHUNK_ELEMENTS, GPU_KERNELS, MATVEC_MAX_TOKENS, MV_WARPS, Q6S_NB, Q6S_WARPS, Q8_KERNEL,
-                     Q8_BLOCK, Q8_MATVEC, float_wpr, gpu_kernel, matmul, matvec_config, q8_config, quantize_q8_1)
+                     Q8_BLOCK, Q8_MATVEC, float_wpr, gpu_kernel, matmul, matvec_config, q8_config, q8_empty,
+                     quantize_q8_1)
 from .module import get_kernel
 from .ops import GLU_ACTS, glu
 
@@ -135,7 +136,7 @@ def router_route(x, router: tuple, r: Router, q8: bool):
     logits = cupy.empty((1, n_expert), dtype=cupy.float32)
     ids = cupy.empty((1, r.n_used), dtype=cupy.int32)
     wts = cupy.empty((1, r.n_used), dtype=cupy.float32)
-    xq, xm = _q8_empty(1, n_in) if q8 else (np.uint64(0), np.uint64(0))
+    xq, xm = q8_empty(1, n_in) if q8 else (np.uint64(0), np.uint64(0))
     i32, null = np.int32, np.uint64(0)
     bias, sel = (null if b is None else _f32_vector(b, n_expert) for b in (r.bias, r.sel_bias))
     ctas = -(-n_expert // (MV_WARPS // wpr))
@@ -269,26 +270,13 @@ def _decode(h, ids, wts, gate, up, down, act: str, biases: tuple = (None, None, 
 
 def _glu_q8(g, u, act: str) -> tuple:
     """quantize_q8_1(glu(g, u, act)) in one kernel (moe_glu_q8): g, u cupy float32 (rows, n), n % 32 == 0."""
-    import cupy  # noqa: PLC0415
-
     n_rows, n = g.shape
     total = n_rows * n
-    xq, xm = _q8_empty(n_rows, n)
+    xq, xm = q8_empty(n_rows, n)
     if total:
         get_kernel("moe", "moe_glu_q8")(((total + 255) // 256,), (256,), (g, u, np.int32(GLU_ACTS[act]), xq, xm,
                                                                           np.int32(total)))
     return xq, xm
-
-
-def _q8_empty(n_rows: int, n: int) -> tuple:
-    """Uninitialized (xq int8 (n_rows, n), xm float32 (n_rows, n / 32, 4)) in one buffer, as quantize_q8_1's."""
-    import cupy  # noqa: PLC0415
-
-    total = n_rows * n
-    q_bytes = -(-total // 16) * 16  # xm starts 16-byte aligned, as quantize_q8_1's
-    buf = cupy.empty(q_bytes + total // Q8_BLOCK * 16, dtype=cupy.uint8)
-    return (buf[:total].view(cupy.int8).reshape(n_rows, n),
-            buf[q_bytes:].view(cupy.float32).reshape(n_rows, n // Q8_BLOCK, 4))
 
 
 def _bucket(m: int) -> int:
@@ -549,12 +537,13 @@ def prefill_mma(h, ids, wts, gate: tuple, up: tuple, down: tuple, act: str, bias
 
 
 def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, routing: Router, act: str, on_route=None,
-            biases: tuple = (None, None, None), residual=None):
+            biases: tuple = (None, None, None), residual=None, q8_act=None):
     """The MoE FFN of h (see the module docstring); every weight a (raw on the device, GGML type) pair, biases the
     experts' bias rows of gate, up and down (float32 (n_expert, n_out) on the device) or None. on_route, when
     given, is called with the routing (ids int32, weights float32, both cupy (n_tok, n_used)) before the experts
     run (a routing trace: it may copy them to the host). residual: when given ((n_tok, n_embd) on the device), the
-    result is residual + the FFN (added in the weighted sum's kernel)."""
+    result is residual + the FFN (added in the weighted sum's kernel). q8_act: a decode batch's h already quantized
+    (quantize_q8_1's (xq, xm)), for the experts' q8 matvecs."""
     import cupy  # noqa: PLC0415
 
     h = cupy.ascontiguousarray(h, dtype=cupy.float32)
@@ -565,12 +554,13 @@ def moe_ffn(h, router: tuple, gate: tuple, up: tuple, down: tuple, routing: Rout
         raise ValueError(f"no MoE GLU {act!r}: expected one of {', '.join(GLU_ACTS)}")
     if residual is not None:
         residual = cupy.ascontiguousarray(residual, dtype=cupy.float32)
-    fused = router_route(h, router, routing, gate[1] in Q8_MATVEC) if h.shape[0] == 1 else None
-    if fused is not None:  # one token: router, routing and the experts' q8 input in one launch
-        ids, wts, q8_act = fused
+    q8 = q8_act is None and gate[1] in Q8_MATVEC
+    fused = router_route(h, router, routing, q8) if h.shape[0] == 1 else None
+    if fused is not None:  # one token: router, routing and (q8) the experts' q8 input in one launch
+        ids, wts, q8_fused = fused
+        q8_act = q8_act if q8_fused is None else q8_fused
     else:
         ids, wts = route_with(matmul(router[0], router[1], h), routing)  # logits (n_tok, n_expert) between
-        q8_act = None
     if on_route is not None:
         on_route(ids, wts)
     if h.shape[0] <= MATVEC_MAX_TOKENS:

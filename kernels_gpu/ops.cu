@@ -70,9 +70,12 @@ extern "C" __global__ void add_rms_norm_f32(const float* x, const float* a, cons
 // a row: each thread loads its V float4s in one round and keeps them in registers (a decode step's single row
 // otherwise pays a chain of dependent loads on one SM). With ADD, sum = x + a is written and normed; the two
 // forms take the same sums in the same order, so the norm of add_rms equals rms_norm's of the sum exactly.
-template <int V, bool ADD>
+// With Q8, the normed row is also quantized as quantize_q8_1 (matvec_q8.cu) into xq, xm (the same values: a
+// block of 32 is the float4s of 8 neighbouring lanes), for the q8 matvecs that read it next.
+template <int V, bool ADD, bool Q8 = false>
 __device__ __forceinline__ void rms_row_vec(const float* x, const float* a, const float* __restrict__ w, float* sum,
-                                            float* out, int n, float eps) {
+                                            float* out, int n, float eps, i8* __restrict__ xq = nullptr,
+                                            float4* __restrict__ xm = nullptr) {
     const size_t off = (size_t)blockIdx.x * (n >> 2);
     float4 v[V];
     float s = 0.0f;
@@ -101,6 +104,22 @@ __device__ __forceinline__ void rms_row_vec(const float* x, const float* a, cons
             o = make_float4(o.x * g.x, o.y * g.y, o.z * g.z, o.w * g.w);
         }
         ((float4*)out)[off + i] = o;
+        if constexpr (Q8) {
+            float amax = fmaxf(fmaxf(fabsf(o.x), fabsf(o.y)), fmaxf(fabsf(o.z), fabsf(o.w)));
+#pragma unroll
+            for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+            const float d = amax / 127.0f;
+            const int q0 = amax == 0.0f ? 0 : __float2int_rn(o.x / d);
+            const int q1 = amax == 0.0f ? 0 : __float2int_rn(o.y / d);
+            const int q2 = amax == 0.0f ? 0 : __float2int_rn(o.z / d);
+            const int q3 = amax == 0.0f ? 0 : __float2int_rn(o.w / d);
+            ((char4*)xq)[off + i] = make_char4((signed char)q0, (signed char)q1, (signed char)q2, (signed char)q3);
+            float qs = (float)(q0 + q1 + q2 + q3);  // exact: |sum| <= 16 * 127
+            qs += __shfl_xor_sync(0xffffffffu, qs, 1);
+            qs += __shfl_xor_sync(0xffffffffu, qs, 2);  // elements 0..15 of the block (lanes 0-3 of its 8)
+            const float qs_hi = __shfl_down_sync(0xffffffffu, qs, 4);  // 16..31
+            if ((threadIdx.x & 7) == 0) xm[(off + i) >> 3] = make_float4(d, qs, qs_hi, 0.0f);
+        }
     }
 }
 
@@ -113,6 +132,16 @@ __device__ __forceinline__ void rms_row_vec(const float* x, const float* a, cons
         const float* x, const float* a, const float* __restrict__ w, float* sum, float* out, int n,        \
         float eps) {                                                                                        \
         rms_row_vec<V, true>(x, a, w, sum, out, n, eps);                                                    \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(1024) rms_norm_q8_vec##V##_f32(                            \
+        const float* x, const float* __restrict__ w, float* out, int n, float eps, i8* __restrict__ xq,     \
+        float4* __restrict__ xm) {                                                                          \
+        rms_row_vec<V, false, true>(x, nullptr, w, nullptr, out, n, eps, xq, xm);                           \
+    }                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(1024) add_rms_norm_q8_vec##V##_f32(                        \
+        const float* x, const float* a, const float* __restrict__ w, float* sum, float* out, int n,        \
+        float eps, i8* __restrict__ xq, float4* __restrict__ xm) {                                          \
+        rms_row_vec<V, true, true>(x, a, w, sum, out, n, eps, xq, xm);                                      \
     }
 RMS_VEC_ENTRIES(1)
 RMS_VEC_ENTRIES(2)

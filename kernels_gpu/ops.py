@@ -86,6 +86,37 @@ def rms_norm(x, w, eps: float, out=None):
     return out
 
 
+def rms_norm_q8(x, w, eps: float, a=None):
+    """rms_norm(x, w, eps) (a None) or add_rms_norm(x, a, w, eps), with the normed rows also quantized as
+    quantize_q8_1 does (the same bytes), in one kernel: -> (out, (xq, xm)), or (x + a, out, (xq, xm)) with a.
+    None where the rows do not take the one-CTA-a-row kernels (n >= 1024, n % 128 == 0, 16-byte aligned)."""
+    import cupy  # noqa: PLC0415
+
+    from .matmul import q8_empty  # noqa: PLC0415
+
+    x = _f32("rms_norm_q8", x, 2)
+    if a is not None:
+        a = _f32("rms_norm_q8", a, 2)
+        if a.shape != x.shape:
+            raise ValueError(f"add_rms_norm: x {x.shape} and a {a.shape} differ in shape")
+    n_rows, n = x.shape
+    w = _weight(w, n, "rms_norm_q8")
+    out = cupy.empty_like(x)
+    total = None if a is None else cupy.empty_like(x)
+    vec = _vec_rows(n, [x, out] + ([] if w is None else [w]) + ([] if a is None else [a, total]))
+    if vec is None or n_rows == 0:
+        return None
+    v, threads = vec
+    xq, xm = q8_empty(n_rows, n)
+    w_arg = np.uint64(0) if w is None else w
+    if a is None:
+        fn, args = get_kernel("ops", f"rms_norm_q8_vec{v}_f32"), (x, w_arg, out)
+    else:
+        fn, args = get_kernel("ops", f"add_rms_norm_q8_vec{v}_f32"), (x, a, w_arg, total, out)
+    fn((n_rows,), (threads, 1), (*args, np.int32(n), np.float32(eps), xq, xm))
+    return (out, (xq, xm)) if a is None else (total, out, (xq, xm))
+
+
 def add_rms_norm(x, a, w, eps: float):
     """The residual add and the next norm in one kernel: x, a (n_tok, n) f32, w (n,) f32 or None ->
     (x + a, rms_norm(x + a) * w), both new arrays; the norm equals rms_norm's of the sum exactly."""

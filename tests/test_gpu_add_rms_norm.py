@@ -47,3 +47,33 @@ def test_add_rms_norm_checks_shapes():
     x = cupy.zeros((2, 64), dtype=cupy.float32)
     with pytest.raises(ValueError, match="differ in shape"):
         ops.add_rms_norm(x, cupy.zeros((2, 32), dtype=cupy.float32), None, 1e-6)
+
+
+@pytest.mark.parametrize("n_tok,n", [(1, 4096), (1, 2048), (3, 1024), (1, 5120), (2, 32768), (1, 2880), (1, 640)])
+@pytest.mark.parametrize("add", [False, True])
+def test_rms_norm_q8_is_the_norm_then_quantize_q8_1(n_tok, n, add):
+    """rms_norm_q8 (the norm of a decode row and its 8-bit quantization in one kernel) gives rms_norm's / add_rms_norm's
+    values and quantize_q8_1's bytes of them exactly; None where the row takes no one-CTA-a-row kernel."""
+    from kernels_gpu.matmul import quantize_q8_1
+
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal((n_tok, n)) * 3).astype(np.float32)
+    x[0, 64:96] = 0  # an all-zero block of the output (q = 0, d = 0)
+    a = rng.standard_normal((n_tok, n)).astype(np.float32)
+    a[0, 64:96] = 0
+    w = cupy.asarray(rng.standard_normal(n).astype(np.float32))
+    got = ops.rms_norm_q8(cupy.asarray(x), w, 1e-6, a=cupy.asarray(a) if add else None)
+    if n < 1024 or n % 128:
+        assert got is None
+        return
+    if add:
+        total, out, (xq, xm) = got
+        ref_total, ref = ops.add_rms_norm(cupy.asarray(x), cupy.asarray(a), w, 1e-6)
+        np.testing.assert_array_equal(total.get(), ref_total.get())
+    else:
+        out, (xq, xm) = got
+        ref = ops.rms_norm(cupy.asarray(x), w, 1e-6)
+    np.testing.assert_array_equal(out.get(), ref.get())
+    rq, rm = quantize_q8_1(ref)
+    np.testing.assert_array_equal(xq.get(), rq.get())
+    np.testing.assert_array_equal(xm.get(), rm.get())

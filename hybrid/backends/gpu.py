@@ -210,15 +210,31 @@ class GpuBackend:
         return dequantize(w.raw, w.type_name, rows=self._cupy.asarray(ids.astype(np.int32)))
 
     def rms_norm(self, x, w, eps: float):
+        """rms_norm(x) * w; a decode row is also quantized to 8 bits in the same kernel, for the q8 matvecs that
+        take it next (the memo of matmul/matmuls)."""
         from kernels_gpu import ops  # noqa: PLC0415
 
-        return ops.rms_norm(self._dev(x), w, eps)
+        xd = self._dev(x)
+        if xd.ndim == 2 and xd.shape[0] == 1:
+            fused = ops.rms_norm_q8(xd, w, eps)
+            if fused is not None:
+                out, self._q8_memo = fused[0], fused
+                return out
+        return ops.rms_norm(xd, w, eps)
 
     def add_rms_norm(self, x, a, w, eps: float):
-        """(x + a, rms_norm(x + a) * w): the residual add and the next norm, one kernel."""
+        """(x + a, rms_norm(x + a) * w): the residual add and the next norm, one kernel (a decode row's norm also
+        quantized to 8 bits there, as rms_norm's)."""
         from kernels_gpu import ops  # noqa: PLC0415
 
-        return ops.add_rms_norm(self._dev(x), self._dev(a), w, eps)
+        xd, ad = self._dev(x), self._dev(a)
+        if xd.ndim == 2 and xd.shape[0] == 1:
+            fused = ops.rms_norm_q8(xd, w, eps, a=ad)
+            if fused is not None:
+                total, out, q8 = fused
+                self._q8_memo = (out, q8)
+                return total, out
+        return ops.add_rms_norm(xd, ad, w, eps)
 
     def rms_norm_heads(self, x, w, eps: float):
         from kernels_gpu import ops  # noqa: PLC0415
@@ -356,5 +372,7 @@ class GpuBackend:
             return None
         router, gate, up, down = ((w.raw, w.type_name) for w in ws)
         on_route = None if self.routing_observer is None else (lambda ids, wts: self.report_routing(lw, ids, wts))
+        memo = self._q8_memo  # h's q8 quantization where its norm made it (rms_norm_q8)
         return moe.moe_ffn(self._dev(h), router, gate, up, down, layer.router, spec.ffn_act, on_route,
-                           layer.biases, None if residual is None else self._dev(residual))
+                           layer.biases, None if residual is None else self._dev(residual),
+                           memo[1] if memo is not None and memo[0] is h else None)
