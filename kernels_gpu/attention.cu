@@ -212,10 +212,13 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u8*
     }
 }
 
-// merge the splits of one (token, head): grid n_tok * n_head, D threads; sinks (n_head,) or nullptr
+// merge the splits of one (token, head): grid n_tok * n_head, D threads; sinks (n_head,) or nullptr. xq, xm (or
+// nullptr): the output also quantized as quantize_q8_1 (matvec_q8.cu) for the q8 matvec that reads it next (the
+// output projection), a warp a block of 32 (D % 32 == 0).
 extern "C" __global__ void attn_combine(const float* __restrict__ part_ms, const float* __restrict__ part_acc,
                                         float* __restrict__ out, int n_splits, int D,
-                                        const float* __restrict__ sinks, int n_head) {
+                                        const float* __restrict__ sinks, int n_head, i8* __restrict__ xq,
+                                        float4* __restrict__ xm) {
     const size_t oh = blockIdx.x;
     const int j = threadIdx.x;
     if (j >= D) return;
@@ -230,10 +233,24 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ms, const
             A += part_acc[(oh * n_splits + s) * D + j] * f;
         }
     }
+    float o;
     if (sinks) {
-        out[oh * D + j] = A * sink_inv(M, S, sinks, (int)(oh % n_head));
+        o = A * sink_inv(M, S, sinks, (int)(oh % n_head));
     } else {
-        out[oh * D + j] = S > 0.0f ? A / S : 0.0f;
+        o = S > 0.0f ? A / S : 0.0f;
+    }
+    const size_t i = oh * D + j;
+    out[i] = o;
+    if (xq) {
+        const float amax = warp_max(fabsf(o));
+        const float d = amax / 127.0f;
+        const int q = amax == 0.0f ? 0 : __float2int_rn(o / d);
+        xq[i] = (i8)q;
+        float qs = (float)q;  // exact: |sum| <= 16 * 127
+#pragma unroll
+        for (int m = 8; m > 0; m >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, m);
+        const float qs_hi = __shfl_sync(0xffffffffu, qs, 16);
+        if ((j & 31) == 0) xm[i >> 5] = make_float4(d, qs, qs_hi, 0.0f);
     }
 }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .kv_cache import GpuKVCacheLayer, kv_type_code
+from .matmul import q8_empty
 from .module import get_kernel
 
 ATT_THREADS = 128  # 4 warps (ATT_WARPS in attention.cu)
@@ -49,6 +50,14 @@ def _heads_per_cta(group: int, e: int) -> int:
 def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_swa: int = 0, out=None,
               target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK, dynamic: bool = False,
               slots: tuple[int, int] | None = None, prefill: bool | None = None, sinks=None):
+    """See attention_q8 (this is its output alone)."""
+    return attention_q8(q, layer, positions, n_kv, scale, n_swa, out, target_ctas, min_chunk, dynamic, slots,
+                        prefill, sinks)[0]
+
+
+def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_swa: int = 0, out=None,
+                 target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK, dynamic: bool = False,
+                 slots: tuple[int, int] | None = None, prefill: bool | None = None, sinks=None, q8: bool = False):
     """q (n_tok, n_head, head_dim) f32 (cupy) at positions (cupy int32 (n_tok,)) over cache cells [0, n_kv)
     -> (n_tok, n_head, head_dim) f32: softmax(scale q.k) v with causal and sliding-window (n_swa > 0) masks.
     The batch's own K/V must be stored first. head_dim_k must equal head_dim_v (a multiple of 32, <= 256).
@@ -58,7 +67,10 @@ def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_s
     captured with it is right for every position. slots: as kv_cache.kv_store's (the cache read through them).
     prefill: True / False force the tiled prefill kernel / the flash-decoding kernel; None picks the prefill
     kernel for n_tok >= PREFILL_MIN_TOK (not dynamic, head_dim in ATTP_D). sinks: (n_head,) f32 (cupy, or numpy
-    copied over) or None: head h's weights are exp(s) / (sum exp(s') + exp(sinks[h]))."""
+    copied over) or None: head h's weights are exp(s) / (sum exp(s') + exp(sinks[h])).
+    Returns (out, q8_out): q8_out, where q8 is asked and the keys were split (attn_combine runs), is the output's
+    8-bit quantization ((xq, xm) as quantize_q8_1's of out as (n_tok, n_head * head_dim), written by attn_combine),
+    else None."""
     import cupy  # noqa: PLC0415
 
     if not isinstance(q, cupy.ndarray) or q.dtype != cupy.float32 or q.ndim != 3:
@@ -84,7 +96,7 @@ def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_s
     if out is None:
         out = cupy.empty((n_tok, n_head, d), dtype=cupy.float32)
     if n_tok == 0:
-        return out
+        return out, None
     i32 = np.int32
     kc, vc = (layer.k, layer.v) if slots is None else (np.uint64(slots[0]), np.uint64(slots[1]))
     if prefill is None:
@@ -99,7 +111,7 @@ def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_s
            (q, kc, vc, positions, out, i32(n_tok), i32(n_head), i32(n_head_kv), i32(kv_type_code(layer.type_k)),
             i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]), i32(layer.v.shape[2]), i32(n_kv),
             np.float32(scale), i32(n_swa), i32(slots is not None), sink_ptr), shared_mem=smem)
-        return out
+        return out, None
     e = d // 32
     group = n_head // n_head_kv
     hpc = _heads_per_cta(group, e)
@@ -123,7 +135,10 @@ def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_s
         i32(kv_type_code(layer.type_k)), i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]),
         i32(layer.v.shape[2]), i32(n_kv), i32(chunk), i32(n_splits), np.float32(scale), i32(n_swa),
         i32(slots is not None), sink_ptr))
-    if n_splits > 1:
-        get_kernel("attention", "attn_combine")((n_tok * n_head,), (d,), (part_ms, part_acc, out, i32(n_splits), i32(d),
-                                                                         sink_ptr, i32(n_head)))
-    return out
+    if n_splits == 1:
+        return out, None
+    null = np.uint64(0)
+    xq, xm = q8_empty(n_tok, n_head * d) if q8 else (null, null)
+    get_kernel("attention", "attn_combine")((n_tok * n_head,), (d,), (part_ms, part_acc, out, i32(n_splits), i32(d),
+                                                                     sink_ptr, i32(n_head), xq, xm))
+    return out, ((xq, xm) if q8 else None)

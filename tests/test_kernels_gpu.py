@@ -700,6 +700,31 @@ def test_attention_dynamic_split_and_slots(type_kv, n_ctx):
                 assert nmse(got, ref) < 1e-12, (p, n_swa, s is not None)
 
 
+@pytest.mark.parametrize("hd,n_head", [(128, 8), (64, 6), (96, 4)])
+def test_attention_q8_output_is_quantize_q8_1_of_it(hd, n_head):
+    """attention_q8 (the decode launch): where the keys are split, attn_combine also writes the output's 8-bit
+    quantization, the bytes quantize_q8_1 makes of it; the output itself is attention's."""
+    from kernels_gpu.attention import attention_q8
+    from kernels_gpu.matmul import quantize_q8_1
+
+    rng = np.random.default_rng(hd)
+    n_ctx, n_head_kv = 256, 2
+    layer = alloc_kv_layer(n_ctx, n_head_kv, hd, hd, "f16", "f16")
+    k = rng.standard_normal((n_ctx, n_head_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_ctx, n_head_kv, hd)).astype(np.float32)
+    kv_store(layer, cupy.arange(n_ctx, dtype=cupy.int32), cupy.asarray(k), cupy.asarray(v))
+    pos = cupy.asarray(np.array([200], dtype=np.int32))
+    q = cupy.asarray(rng.standard_normal((1, n_head, hd)).astype(np.float32))
+    out, q8 = attention_q8(q, layer, pos, n_ctx, 0.09, dynamic=True, q8=True)
+    assert q8 is not None  # 256 keys: split
+    ref = attention(q, layer, pos, n_ctx, 0.09, dynamic=True)
+    np.testing.assert_array_equal(out.get(), ref.get())
+    rq, rm = quantize_q8_1(ref.reshape(1, n_head * hd))
+    np.testing.assert_array_equal(q8[0].get(), rq.get())
+    np.testing.assert_array_equal(q8[1].get(), rm.get())
+    assert attention_q8(q, layer, pos, n_ctx, 0.09, dynamic=True)[1] is None  # not asked
+
+
 @pytest.mark.parametrize("type_name", ["f32", "f16", "q8_0", "q4_0"])
 def test_kv_store_through_slots(type_name):
     rng = np.random.default_rng(5)

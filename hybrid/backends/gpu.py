@@ -176,11 +176,26 @@ class GpuBackend:
         if xd.ndim != 2 or not uses_q8(w.type_name, xd.shape[0]):
             return matmul(w.raw, w.type_name, xd)
         # one token on 8-bit activations: x is quantized once for every weight it meets in a row (q, k, v; gate,
-        # up), as the blocks call matmul on the same array; the memo holds x itself, so its memory is not reused
+        # up), as the blocks call matmul on the same array (or the kernel that made x quantized it: _q8_of)
+        q8 = self._q8_of(x)
+        if q8 is None:
+            q8 = quantize_q8_1(xd)
+            self._q8_memo = (x, q8)
+        return matmul(w.raw, w.type_name, xd, q8_act=q8)
+
+    def _q8_of(self, x):
+        """The memo's 8-bit quantization of x (a decode row), or None: the memo holds an array and its
+        quantize_q8_1, made by the last matmul or by the kernel that wrote the array (a norm, attention); it is
+        x's when x is that array or a contiguous view of all of its memory (the memo keeps the array, so no other
+        array can take that memory meanwhile)."""
         memo = self._q8_memo
-        if memo is None or memo[0] is not x:
-            memo = self._q8_memo = (x, quantize_q8_1(xd))
-        return matmul(w.raw, w.type_name, xd, q8_act=memo[1])
+        if memo is None:
+            return None
+        a = memo[0]
+        if a is x or (isinstance(x, self._cupy.ndarray) and x.size == a.size and x.dtype == a.dtype
+                      and x.data.ptr == a.data.ptr and x.flags.c_contiguous and a.flags.c_contiguous):
+            return memo[1]
+        return None
 
     def matmuls(self, ws, x) -> tuple:
         """Several weights times one x (q/k/v, gate/up) -> one (n, out_i) f32 result per weight, with fewer launches
@@ -194,10 +209,10 @@ class GpuBackend:
         xd = self._dev(x)
         q8_act = None
         if xd.ndim == 2 and any(uses_q8(w.type_name, xd.shape[0]) for w in ws):
-            memo = self._q8_memo  # as matmul: x quantized once, also for a later matmul of the same x
-            if memo is None or memo[0] is not x:
-                memo = self._q8_memo = (x, quantize_q8_1(xd))
-            q8_act = memo[1]
+            q8_act = self._q8_of(x)  # as matmul: x quantized once, also for a later matmul of the same x
+            if q8_act is None:
+                q8_act = quantize_q8_1(xd)
+                self._q8_memo = (x, q8_act)
         return matmul_many([w.raw for w in ws], [w.type_name for w in ws], xd, q8_act=q8_act)
 
     def get_rows(self, w: Weight, ids):
@@ -295,14 +310,19 @@ class GpuBackend:
         kv_store(layer, self._positions(positions), self._dev(k), self._dev(v))
 
     def attention(self, q, kv, il: int, positions, scale: float, n_swa: int, sinks=None):
-        from kernels_gpu.attention import attention  # noqa: PLC0415
+        from kernels_gpu.attention import attention, attention_q8  # noqa: PLC0415
 
         layer = kv.layers[il]
         extra = {} if sinks is None else {"sinks": self._dev(sinks)}  # no sinks: the call as it always was
         if isinstance(positions, self._cupy.ndarray):
-            # a decode step: the grid follows the cache size, the kernel reads the keys in use from the positions
-            return attention(self._dev(q), layer, positions, layer.n_ctx, scale, n_swa, dynamic=True,
-                             slots=self._slots.get(il), **extra)
+            # a decode step: the grid follows the cache size, the kernel reads the keys in use from the positions;
+            # one row's output is quantized to 8 bits where the splits are merged, for the output projection
+            qd = self._dev(q)
+            out, q8 = attention_q8(qd, layer, positions, layer.n_ctx, scale, n_swa, dynamic=True,
+                                   slots=self._slots.get(il), q8=qd.shape[0] == 1, **extra)
+            if q8 is not None:
+                self._q8_memo = (out, q8)
+            return out
         p = np.asarray(positions)
         if p.size and int(p.min()) < 0:
             raise ValueError(f"attention: positions must be >= 0, found {p.min()}")
@@ -372,7 +392,6 @@ class GpuBackend:
             return None
         router, gate, up, down = ((w.raw, w.type_name) for w in ws)
         on_route = None if self.routing_observer is None else (lambda ids, wts: self.report_routing(lw, ids, wts))
-        memo = self._q8_memo  # h's q8 quantization where its norm made it (rms_norm_q8)
         return moe.moe_ffn(self._dev(h), router, gate, up, down, layer.router, spec.ffn_act, on_route,
                            layer.biases, None if residual is None else self._dev(residual),
-                           memo[1] if memo is not None and memo[0] is h else None)
+                           self._q8_of(h))  # h's q8 quantization where its norm made it (rms_norm_q8)
