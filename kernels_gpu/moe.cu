@@ -37,16 +37,20 @@ __device__ __forceinline__ int moe_rank(const float* v, int n, int i) {
     }
     return rank;
 }
-// (the body of a CTA of T threads routing token t; l its logits, read through L2: moe_router_route's last CTA reads
-// what other CTAs wrote during the launch)
+// (the body of a CTA of T >= MOE_ROUTE_THREADS threads routing token t; l its logits, read through L2:
+// moe_router_route's last CTA reads what other CTAs wrote during the launch. The first MOE_ROUTE_THREADS threads
+// walk the experts, the rest only join the barriers and add identities to the reductions, so the sums are the
+// same whatever T.)
 template <int T>
 __device__ __forceinline__ void route_softmax(const float* __restrict__ l, int n_expert, int k, int norm, int t,
                                               i32* __restrict__ ids, float* __restrict__ wts) {
+    constexpr int R = MOE_ROUTE_THREADS;
+    const int i0 = threadIdx.x < R ? (int)threadIdx.x : 1 << 30;  // past every loop's end
     __shared__ float v[MOE_MAX_EXPERTS];
     __shared__ float red[T / 32];
     __shared__ float sel[MOE_MAX_K];
     float m = NEG_INF;
-    for (int i = threadIdx.x; i < n_expert; i += T) {
+    for (int i = i0; i < n_expert; i += R) {
         v[i] = __ldcg(l + i);
         m = fmaxf(m, v[i]);
     }
@@ -56,9 +60,9 @@ __device__ __forceinline__ void route_softmax(const float* __restrict__ l, int n
     }
     m = block_reduce<T>(m, red, true);  // its barrier also publishes v
     float s = 0.0f;
-    for (int i = threadIdx.x; i < n_expert; i += T) s += expf(v[i] - m);
+    for (int i = i0; i < n_expert; i += R) s += expf(v[i] - m);
     s = block_reduce<T>(s, red, false);
-    for (int i = threadIdx.x; i < n_expert; i += T) {
+    for (int i = i0; i < n_expert; i += R) {
         const int rank = moe_rank(v, n_expert, i);
         if (rank < k) {
             ids[(size_t)t * k + rank] = i;
@@ -89,6 +93,8 @@ __device__ __forceinline__ void route_gated(const float* __restrict__ l, const f
                                             const float* __restrict__ sbias, int n_expert, int k, int gating, int norm,
                                             float scale, int n_groups, int n_group_used, int t, i32* __restrict__ ids,
                                             float* __restrict__ wts) {
+    constexpr int R = MOE_ROUTE_THREADS;
+    const int i0 = threadIdx.x < R ? (int)threadIdx.x : 1 << 30;  // past every loop's end
     __shared__ float p[MOE_MAX_EXPERTS];
     __shared__ float v[MOE_MAX_EXPERTS];  // the selection scores
     __shared__ float red[T / 32];
@@ -97,7 +103,7 @@ __device__ __forceinline__ void route_gated(const float* __restrict__ l, const f
     __shared__ int gkeep[MOE_MAX_GROUPS];
     const int tid = threadIdx.x;
     float m = NEG_INF;
-    for (int i = tid; i < n_expert; i += T) {
+    for (int i = i0; i < n_expert; i += R) {
         const float z = rbias ? __ldcg(l + i) + rbias[i] : __ldcg(l + i);
         p[i] = z;
         m = fmaxf(m, z);
@@ -109,17 +115,17 @@ __device__ __forceinline__ void route_gated(const float* __restrict__ l, const f
     if (gating == 0) {
         m = block_reduce<T>(m, red, true);  // its barrier also publishes p
         float s = 0.0f;
-        for (int i = tid; i < n_expert; i += T) s += expf(p[i] - m);
+        for (int i = i0; i < n_expert; i += R) s += expf(p[i] - m);
         s = block_reduce<T>(s, red, false);
-        for (int i = tid; i < n_expert; i += T) p[i] = expf(p[i] - m) / s;
+        for (int i = i0; i < n_expert; i += R) p[i] = expf(p[i] - m) / s;
     } else if (gating == 1) {
-        for (int i = tid; i < n_expert; i += T) p[i] = 1.0f / (1.0f + expf(-p[i]));
+        for (int i = i0; i < n_expert; i += R) p[i] = 1.0f / (1.0f + expf(-p[i]));
     }
-    for (int i = tid; i < n_expert; i += T) v[i] = sbias ? p[i] + sbias[i] : p[i];
+    for (int i = i0; i < n_expert; i += R) v[i] = sbias ? p[i] + sbias[i] : p[i];
     __syncthreads();
     if (n_groups > 1) {
         const int gsize = n_expert / n_groups;
-        for (int g = tid; g < n_groups; g += T) {
+        for (int g = i0; g < n_groups; g += R) {
             float b1 = NEG_INF, b2 = NEG_INF;
             for (int i = g * gsize; i < (g + 1) * gsize; ++i) {
                 const float x = v[i];
@@ -133,17 +139,17 @@ __device__ __forceinline__ void route_gated(const float* __restrict__ l, const f
             gscore[g] = gsize > 1 ? b1 + b2 : b1;
         }
         __syncthreads();
-        for (int g = tid; g < n_groups; g += T) {
+        for (int g = i0; g < n_groups; g += R) {
             int rank = 0;
             for (int j = 0; j < n_groups; ++j) rank += (gscore[j] > gscore[g]) || (gscore[j] == gscore[g] && j < g);
             gkeep[g] = rank < n_group_used;
         }
         __syncthreads();
-        for (int i = tid; i < n_expert; i += T)
+        for (int i = i0; i < n_expert; i += R)
             if (!gkeep[i / gsize]) v[i] = NEG_INF;
         __syncthreads();
     }
-    for (int i = tid; i < n_expert; i += T) {
+    for (int i = i0; i < n_expert; i += R) {
         const int rank = moe_rank(v, n_expert, i);
         if (rank < k) {
             ids[(size_t)t * k + rank] = i;

@@ -65,9 +65,14 @@ def tests_from(n_prompt: list[int], n_gen: list[int], pg: list[tuple[int, int]])
     return tests
 
 
-def _run_once(engine: Engine, test: BenchTest, rng: np.random.Generator) -> int:
+def _cache_cells(test: BenchTest) -> int:
+    return max(test.n_prompt + test.n_gen + 1, 16)
+
+
+def _run_once(engine: Engine, test: BenchTest, rng: np.random.Generator, n_cells: int | None = None) -> int:
+    """One timed run of test from an empty cache of n_cells (default: the test's own size)."""
     n_vocab = engine.config.n_vocab
-    cache = engine.new_cache(max(test.n_prompt + test.n_gen + 1, 16))
+    cache = engine.new_cache(_cache_cells(test) if n_cells is None else n_cells)
     bos = engine.tokenizer.bos_id if engine.tokenizer.bos_id is not None else 0
     t0 = time.perf_counter_ns()
     if test.n_prompt:
@@ -88,8 +93,9 @@ def run_bench(engine: Engine, tests: list[BenchTest], repetitions: int, warmup: 
     """One BenchResult per test, each with `repetitions` timed samples after an untimed warm-up run."""
     rng = np.random.default_rng(1234)
     for test in tests:
-        if warmup:  # as llama-bench: the whole prompt (first-use costs of its buffer sizes), a few generated tokens
-            _run_once(engine, BenchTest(test.n_prompt, min(test.n_gen, 4)), rng)
+        if warmup:  # as llama-bench: the whole prompt (first-use costs of its buffer sizes), a few generated tokens,
+            # in a cache of the timed runs' size (as llama-bench's one context): their decode graphs are captured here
+            _run_once(engine, BenchTest(test.n_prompt, min(test.n_gen, 4)), rng, _cache_cells(test))
         result = BenchResult(test)
         for _ in range(repetitions):
             result.samples_ns.append(_run_once(engine, test, rng))
