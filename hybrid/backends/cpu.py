@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from gguf_io import quant_spec
-from kernels_cpu import activations, attention, kv_cache, norm, rope
+from kernels_cpu import activations, attention, get_rows, kv_cache, norm, rope
 from kernels_cpu.matmul import matmul, matmuls
 
 from hybrid.backends.cpu_fused import FusedLayers, fusable
@@ -79,8 +79,11 @@ class CpuBackend:
         return tuple(matmuls([(w.raw, w.type_name) for w in ws], np.ascontiguousarray(x, dtype=np.float32)))
 
     def get_rows(self, w: Weight, ids: np.ndarray) -> np.ndarray:
-        """Embedding lookup: dequantize only the requested rows -> (n, n_embd) f32."""
-        return quant_spec(w.type_name).dequantize(w.raw[np.asarray(ids, dtype=np.int64)])
+        """Embedding lookup: dequantize only the requested rows -> (n, n_embd) f32 (compiled for the common types,
+        kernels_cpu.get_rows; the numpy reference for the rest: the same values)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        rows = get_rows.get_rows(w.raw, w.type_name, ids) if isinstance(w.raw, np.ndarray) else None
+        return rows if rows is not None else quant_spec(w.type_name).dequantize(w.raw[ids])
 
     def rms_norm(self, x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
         return norm.rms_norm(np.ascontiguousarray(x, dtype=np.float32), w, eps)

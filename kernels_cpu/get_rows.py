@@ -1,0 +1,108 @@
+"""Embedding lookup: the rows of a quantized matrix for a few token ids, dequantized in compiled code.
+
+Each decoder does the reference's float32 operations in the reference's order (gguf_io.quants_k / quants_legacy,
+themselves equal to ggml's dequantize_row_*), without fast-math, so the rows are bit for bit the reference's. A
+decode token needs one row: the numpy reference spends ~50 us on it in small array operations, this ~1 us.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+# type name -> (code, bytes a block, values a block) of the types decoded here
+TYPES = {"F32": (0, 4, 1), "F16": (1, 2, 1), "Q8_0": (2, 34, 32), "Q4_0": (3, 18, 32), "Q4_K": (4, 144, 256),
+         "Q6_K": (5, 210, 256)}
+
+
+@njit(cache=True)
+def _h2f(lo, hi):
+    """The little-endian fp16 of bytes lo, hi as float32 (exact: every fp16 value is a float32 value)."""
+    h = np.int64(lo) | (np.int64(hi) << 8)
+    sign = -1.0 if h & 0x8000 else 1.0
+    e = (h >> 10) & 0x1F
+    m = h & 0x3FF
+    if e == 0:
+        return np.float32(sign * math.ldexp(float(m), -24))
+    if e == 31:
+        return np.float32(sign * math.inf) if m == 0 else np.float32(math.nan)
+    return np.float32(sign * math.ldexp(float(m | 0x400), int(e) - 25))
+
+
+@njit(cache=True)
+def _q4_k_block(b, o, out, j):
+    d = _h2f(b[o], b[o + 1])
+    dmin = _h2f(b[o + 2], b[o + 3])
+    s = b[o + 4:o + 16]
+    for sub in range(8):  # get_scale_min_k4
+        if sub < 4:
+            sc = s[sub] & 63
+            mn = s[sub + 4] & 63
+        else:
+            sc = (s[sub + 4] & 0x0F) | ((s[sub - 4] >> 6) << 4)
+            mn = (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4)
+        d1 = d * np.float32(sc)
+        m1 = dmin * np.float32(mn)
+        q = o + 16 + (sub // 2) * 32  # runs of 32 bytes: the low nibbles (even sub-block), then the high
+        shift = 4 * (sub % 2)
+        for l in range(32):
+            out[j + 32 * sub + l] = d1 * np.float32((b[q + l] >> shift) & 0x0F) - m1
+
+
+@njit(cache=True)
+def _q6_k_block(b, o, out, j):
+    d = _h2f(b[o + 208], b[o + 209])
+    for e in range(256):
+        h, k, l = e // 128, (e // 32) % 4, e % 32
+        low = (b[o + h * 64 + (k % 2) * 32 + l] >> (4 * (k // 2))) & 0x0F
+        high = (b[o + 128 + h * 32 + l] >> (2 * k)) & 3
+        q = np.int32(low | (high << 4)) - 32
+        sc = np.int32(b[o + 192 + e // 16])
+        sc = sc - 256 if sc > 127 else sc
+        out[j + e] = (d * np.float32(sc)) * np.float32(q)
+
+
+@njit(cache=True)
+def _decode_rows(code, raw, ids, block_bytes, block_vals, out):
+    n_blocks = out.shape[1] // block_vals
+    for r in range(ids.shape[0]):
+        row = raw[ids[r]]
+        o_row = out[r]
+        for blk in range(n_blocks):
+            o, j = blk * block_bytes, blk * block_vals
+            if code == 0:
+                out[r, j] = row[o:o + 4].view(np.float32)[0]
+            elif code == 1:
+                o_row[j] = _h2f(row[o], row[o + 1])
+            elif code == 2:
+                d = _h2f(row[o], row[o + 1])
+                for l in range(32):
+                    v = np.int32(row[o + 2 + l])
+                    o_row[j + l] = np.float32(v - 256 if v > 127 else v) * d
+            elif code == 3:
+                d = _h2f(row[o], row[o + 1])
+                for l in range(16):
+                    o_row[j + l] = np.float32(np.int32(row[o + 2 + l] & 0x0F) - 8) * d
+                    o_row[j + l + 16] = np.float32(np.int32(row[o + 2 + l] >> 4) - 8) * d
+            elif code == 4:
+                _q4_k_block(row, o, o_row, j)
+            else:
+                _q6_k_block(row, o, o_row, j)
+
+
+def get_rows(raw: np.ndarray, type_name: str, ids: np.ndarray) -> np.ndarray | None:
+    """Rows `ids` of the raw matrix (n_rows, row_bytes) uint8 of type_name, dequantized -> (len(ids), n_cols)
+    float32; None for a type not decoded here (the caller uses the numpy reference). ids must lie in range."""
+    spec = TYPES.get(type_name)
+    if spec is None or raw.ndim != 2:
+        return None
+    code, block_bytes, block_vals = spec
+    n_cols = raw.shape[1] // block_bytes * block_vals
+    ids = np.ascontiguousarray(ids, dtype=np.int64).reshape(-1)
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= raw.shape[0]):
+        raise IndexError(f"get_rows: ids must lie in [0, {raw.shape[0]}), found [{ids.min()}, {ids.max()}]")
+    out = np.empty((ids.shape[0], n_cols), dtype=np.float32)
+    _decode_rows(code, raw, ids, block_bytes, block_vals, out)
+    return out
