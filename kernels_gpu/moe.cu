@@ -198,26 +198,20 @@ extern "C" __global__ void __launch_bounds__(MOE_ROUTE_THREADS) moe_route_gated(
 }
 
 // The router of one decode token and its routing in one launch (F32 router rows of n_in % 8 == 0 values, 16-byte
-// aligned): each CTA computes MVF_WARPS / wpr of the logits as matvec_f32_1 does (the same sums in the same order),
-// the last CTA to finish (an atomic count in *done, which that CTA sets back to 0) routes them as moe_route_softmax
-// (plain != 0) or moe_route_gated and, where xq is given, quantizes x as quantize_q8_1 for the experts' q8 matvecs
-// (n_in % 32 == 0 then).
+// aligned): each CTA computes MVF_WARPS / wpr of the logits as matvec_f32_1 does (the same sums in the same order)
+// and, where xq is given (n_in % 32 == 0), quantizes its share of x's blocks of 32 as quantize_q8_1 (one warp a
+// block, the same bytes) for the experts' q8 matvecs; the last CTA to finish (an atomic count in *done, which
+// that CTA sets back to 0) routes the logits as moe_route_softmax (plain != 0) or moe_route_gated.
 extern "C" __global__ void __launch_bounds__(256) moe_router_route(
     const u8* __restrict__ w, const float* __restrict__ x, float* __restrict__ logits, int n_expert, int n_in, int wpr,
     int plain, const float* __restrict__ rbias, const float* __restrict__ sbias, int k, int gating, int norm,
     float scale, int n_groups, int n_group_used, i32* __restrict__ ids, float* __restrict__ wts, i8* __restrict__ xq,
     float4* __restrict__ xm, unsigned int* done) {
     __shared__ int last;
-    matvec_float_body<0, 1, true>(w, x, logits, n_expert, n_in, 1, wpr);
-    __threadfence();  // this CTA's logits visible device-wide before it is counted
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(done, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    if (threadIdx.x == 0) *done = 0;  // for the next launch (a replayed graph's)
-    __threadfence();
-    if (xq) {  // a warp quantizes whole blocks of 32
-        for (int i = threadIdx.x; i < n_in; i += 256) {
+    if (xq) {
+        const int lane = threadIdx.x & 31;
+        for (int blk = blockIdx.x * 8 + (threadIdx.x >> 5); blk < (n_in >> 5); blk += gridDim.x * 8) {
+            const int i = blk * 32 + lane;
             const float v = x[i];
             const float amax = warp_max(fabsf(v));
             const float d = amax / 127.0f;
@@ -227,9 +221,19 @@ extern "C" __global__ void __launch_bounds__(256) moe_router_route(
 #pragma unroll
             for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
             const float s_hi = __shfl_sync(0xffffffffu, s, 16);
-            if ((threadIdx.x & 31) == 0) xm[i >> 5] = make_float4(d, s, s_hi, 0.0f);
+            if (lane == 0) xm[blk] = make_float4(d, s, s_hi, 0.0f);
         }
     }
+    matvec_float_body<0, 1, true>(w, x, logits, n_expert, n_in, 1, wpr);
+    __syncthreads();  // the CTA's logits written (by its warps' lane 0) before thread 0 counts the CTA
+    if (threadIdx.x == 0) {
+        __threadfence();  // cumulative: what the CTA wrote is visible device-wide before the count
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    if (threadIdx.x == 0) *done = 0;  // for the next launch (a replayed graph's)
+    __threadfence();
     if (plain) route_softmax<256>(logits, n_expert, k, norm, 0, ids, wts);
     else route_gated<256>(logits, rbias, sbias, n_expert, k, gating, norm, scale, n_groups, n_group_used, 0, ids, wts);
 }
