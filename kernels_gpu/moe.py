@@ -4,13 +4,15 @@
 2-D weight, gate/up/down the 3-D expert tensors (raw uint8 (n_expert, n_out, row_bytes) on the device), each as
 (raw, GGML type); routing a `Router` (plain softmax, or the gated forms: sigmoid, a selection bias, groups, a scale,
 gpt-oss's softmax of the selected with the router's bias); biases, optionally, the experts' bias rows (gpt-oss).
-Returns (n_tok, n_embd) float32, the experts' outputs summed with their routing weights.
+Returns (n_tok, n_embd) float32, the experts' outputs summed with their routing weights (plus a residual, when one
+is given: added in that sum's kernel).
 
 Decode (n_tok <= MATVEC_MAX_TOKENS): the router matvec, `moe_route_softmax` or `moe_route_gated` (top-k and weights,
-one CTA a token),
-one launch for gate and up over every (token, selected expert) slot (`matvec_q8id_*` on 8-bit activations for the
-Q8_MATVEC types, `matvec_id_*` on float activations for the others), the GLU, one launch for down on each slot's
-own GLU output, and `moe_combine`: no host synchronization, so a decode step stays one CUDA graph.
+one CTA a token) - for one token with an F32 router, `moe_router_route`: the matvec, the routing and the 8-bit
+quantization of h in one launch (`router_route`) -, one launch for gate and up over every (token, selected expert)
+slot (`matvec_q8id_*` on 8-bit activations for the Q8_MATVEC types, `matvec_id_*` on float activations for the
+others), the GLU, one launch for down on each slot's own GLU output, and `moe_combine`: no host synchronization, so
+a decode step stays one CUDA graph.
 
 Prefill of experts resident on the device (`prefill_mma`): the same routing, then the (token, expert) pairs grouped
 by expert on the device (`group`: rows in expert order, tiles of up to MM_BM rows of one expert), one tensor-core
