@@ -241,17 +241,7 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ms, const
     }
     const size_t i = oh * D + j;
     out[i] = o;
-    if (xq) {
-        const float amax = warp_max(fabsf(o));
-        const float d = amax / 127.0f;
-        const int q = amax == 0.0f ? 0 : __float2int_rn(o / d);
-        xq[i] = (i8)q;
-        float qs = (float)q;  // exact: |sum| <= 16 * 127
-#pragma unroll
-        for (int m = 8; m > 0; m >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, m);
-        const float qs_hi = __shfl_sync(0xffffffffu, qs, 16);
-        if ((j & 31) == 0) xm[i >> 5] = make_float4(d, qs, qs_hi, 0.0f);
-    }
+    if (xq) q8_block_store(o, xq, xm, i);  // D % 32 == 0: a warp holds whole blocks
 }
 
 #define ATTN_ENTRY(E, HPC)                                                                                    \

@@ -50,6 +50,22 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
+// quantize_q8_1 (matvec_q8.cu) of one block of 32 values held one a lane by a whole warp: element i of the
+// quantized array (i % 32 == the lane) gets xq[i] = rint(v / d), d = max|v| / 127 (0 for an all-zero block), and
+// lane 0 writes xm[i / 32] = (d, sum q[0..15], sum q[16..31], 0). Every lane of the warp must call it.
+template <typename I>  // the index type of the caller (int or size_t)
+__device__ __forceinline__ void q8_block_store(float v, i8* __restrict__ xq, float4* __restrict__ xm, I i) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+    xq[i] = (i8)q;
+    float s = (float)q;  // exact: |sum| <= 16 * 127
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float s_hi = __shfl_sync(0xffffffffu, s, 16);
+    if ((threadIdx.x & 31) == 0) xm[i >> 5] = make_float4(d, s, s_hi, 0.0f);
+}
+
 // act(gate) * up of a GLU: act 0 silu, 1 gelu (tanh approximation, ggml_gelu), 2 gpt-oss's clamped SwiGLU
 // (ggml_compute_forward_swiglu_oai: x = min(gate, 7), x / (1 + exp(-1.702 x)) * (clamp(up, -7, 7) + 1))
 __device__ __forceinline__ float glu_act(float g, float u, int act) {

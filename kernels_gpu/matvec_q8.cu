@@ -13,16 +13,7 @@ extern "C" __global__ void __launch_bounds__(256) quantize_q8_1(const float* __r
                                                                float4* __restrict__ xm, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;  // n % 32 == 0: a warp is one block, in or out as a whole
     if (i >= n) return;
-    const float v = x[i];
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
-    xq[i] = (i8)q;
-    float s = (float)q;  // exact: |sum| <= 16 * 127
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    const float s_hi = __shfl_sync(0xffffffffu, s, 16);
-    if ((threadIdx.x & 31) == 0) xm[i >> 5] = make_float4(d, s, s_hi, 0.0f);
+    q8_block_store(x[i], xq, xm, i);
 }
 
 __device__ __forceinline__ int dp4a(u32 a, u32 b, int c) {  // c + sum of the 4 signed byte products

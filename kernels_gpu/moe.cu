@@ -209,19 +209,9 @@ extern "C" __global__ void __launch_bounds__(256) moe_router_route(
     float4* __restrict__ xm, unsigned int* done) {
     __shared__ int last;
     if (xq) {
-        const int lane = threadIdx.x & 31;
         for (int blk = blockIdx.x * 8 + (threadIdx.x >> 5); blk < (n_in >> 5); blk += gridDim.x * 8) {
-            const int i = blk * 32 + lane;
-            const float v = x[i];
-            const float amax = warp_max(fabsf(v));
-            const float d = amax / 127.0f;
-            const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
-            xq[i] = (i8)q;
-            float s = (float)q;  // exact: |sum| <= 16 * 127
-#pragma unroll
-            for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-            const float s_hi = __shfl_sync(0xffffffffu, s, 16);
-            if (lane == 0) xm[blk] = make_float4(d, s, s_hi, 0.0f);
+            const int i = blk * 32 + (threadIdx.x & 31);
+            q8_block_store(x[i], xq, xm, i);
         }
     }
     matvec_float_body<0, 1, true>(w, x, logits, n_expert, n_in, 1, wpr);
@@ -283,16 +273,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_glu_q8(const float* __rest
                                                             int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float a = glu_act(gate[i], up[i], act);
-    const float amax = warp_max(fabsf(a));
-    const float d = amax / 127.0f;
-    const int q = amax == 0.0f ? 0 : __float2int_rn(a / d);
-    xq[i] = (i8)q;
-    float s = (float)q;  // exact: |sum| <= 16 * 127
-#pragma unroll
-    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    const float s_hi = __shfl_sync(0xffffffffu, s, 16);
-    if ((threadIdx.x & 31) == 0) xm[i >> 5] = make_float4(d, s, s_hi, 0.0f);
+    q8_block_store(glu_act(gate[i], up[i], act), xq, xm, i);
 }
 
 // Groups a batch's (token, slot) pairs by expert for moe_mma.cu, on the device (no copy of the ids to the host):
