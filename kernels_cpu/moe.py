@@ -24,7 +24,7 @@ the caller keeps such batches on the op-by-op path.
 import numpy as np
 from numba import njit, prange
 
-from kernels_cpu import act_quant, gemm_f32, norm, vec_dot_k, vec_dot_legacy
+from kernels_cpu import act_quant, fused_layer, gemm_f32, norm, vec_dot_k, vec_dot_legacy
 from kernels_cpu.activations import _glu_serial  # the serial GLU of glu_rows, for a task's rows
 from kernels_cpu.fused_layer import FAM_K, FAM_LEGACY
 from kernels_cpu.matmul import GEMM_MIN_TOKENS, INT_ROWS_PER_BLOCK, INT_TASKS_PER_THREAD
@@ -305,3 +305,19 @@ def moe_ffn_half(n_threads, x, a, eps, ffn_norm, router, n_used, normalize, gate
     norm.rms_norm_rows(x, ffn_norm, np.bool_(True), eps, h)
     no_logits = np.empty((0, 0), dtype=np.float32)
     return x + moe_ffn(n_threads, h, no_logits, router, n_used, normalize, gate, up, down, empty, glu_op, table)
+
+
+@njit(cache=True)
+def moe_layer(n_threads, x, eps, attn_norm, qkv, out_proj, empty_w, empty_y, biases, has_bias, q_norm, k_norm,
+              has_qk_norm, n_head, n_head_kv, hd_k, hd_v, cos_t, sin_t, n_rot, neox, q_scale, has_q_scale, kv_k, kv_v,
+              code_k, code_v, positions, positions64, n_kv, kq_scale, n_swa, hpi, lut, ffn_norm, router, n_used,
+              normalize, gate, up, down, empty, glu_op, table):
+    """A whole MoE layer of few tokens in one call: fused_layer.attention_half (its arguments, first, without a
+    post-attention norm) then moe_ffn_half (its arguments after eps) -> (n_tok, n_embd) f32. One call instead of
+    two: each costs tens of microseconds to make after the weights' streams have swept the caches."""
+    a = fused_layer.attention_half(n_threads, x, eps, attn_norm, qkv, out_proj, empty_w, empty_y, biases, has_bias,
+                                   q_norm, k_norm, has_qk_norm, n_head, n_head_kv, hd_k, hd_v, cos_t, sin_t, n_rot,
+                                   neox, q_scale, has_q_scale, kv_k, kv_v, code_k, code_v, positions, positions64,
+                                   n_kv, kq_scale, n_swa, hpi, lut, q_norm, np.bool_(False))
+    return moe_ffn_half(n_threads, x, a, eps, ffn_norm, router, n_used, normalize, gate, up, down, empty, glu_op,
+                        table)

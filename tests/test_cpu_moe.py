@@ -138,19 +138,25 @@ def _assert_fused_evals_equal(eng: Engine, steps: list[list[int]]) -> None:
         assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"
 
 
+@pytest.mark.parametrize("whole", [True, False])
 @pytest.mark.parametrize("repack", [True, False])
-def test_engine_fused_equals_op_by_op(fixtures_dir, repack):
-    """A prompt of 128 (GEMM groups) and of 12 tokens, then decode steps, through the whole model."""
+def test_engine_fused_equals_op_by_op(fixtures_dir, repack, whole):
+    """A prompt of 128 (GEMM groups) and of 12 tokens, then decode steps, through the whole model; decode-sized
+    batches take the whole-layer call (CpuBackend.fused_layer, kernels_cpu.moe.moe_layer), or without it the two
+    halves (attention_half, moe_ffn_half)."""
     eng = Engine.load(fixtures_dir / "arch" / "qwen3moe-skew-q4_k.gguf", EngineParams(n_ctx=160, repack=repack))
     types = {eng.weights.layers[0][n].type_name for n in ("ffn_gate_exps", "ffn_down_exps")}
     assert types == ({"Q4_K_X8"} if repack else {"Q4_K"})
     steps = [list(range(3, 131)), *[[5 + i] for i in range(3)], list(range(40, 52)), [9]]
-    halves = []  # the FFN halves of the layers that took moe_ffn_half (decode-sized batches)
-    real = eng.cpu._moe.ffn_half
+    halves, layers = [], []  # the FFN halves and whole layers called, None where they had no fused form
+    real, real_layer = eng.cpu._moe.ffn_half, eng.cpu.fused_layer
     eng.cpu._moe.ffn_half = lambda *args: halves.append(real(*args)) or halves[-1]
+    eng.cpu.fused_layer = lambda *args: layers.append(real_layer(*args) if whole else None) or layers[-1]
     _assert_fused_evals_equal(eng, steps)
-    n_half = sum(h is not None for h in halves)
-    assert n_half == (len(steps) - 1) * eng.config.n_layer and len(halves) == len(steps) * eng.config.n_layer
+    n_fused = (len(steps) - 1) * eng.config.n_layer  # every step but the prompt of 128
+    assert len(layers) == 2 * len(steps) * eng.config.n_layer  # both ways: fused, then op by op
+    assert sum(x is not None for x in layers) == (n_fused if whole else 0)
+    assert sum(h is not None for h in halves) == (0 if whole else n_fused)
     eng.close()
 
 

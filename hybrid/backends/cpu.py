@@ -5,12 +5,33 @@ from __future__ import annotations
 import numpy as np
 
 from gguf_io import quant_spec
-from kernels_cpu import activations, attention, get_rows, kv_cache, norm, rope
+from kernels_cpu import activations, attention, get_rows, kv_cache, moe, norm, rope
 from kernels_cpu.matmul import matmul, matmuls
 
 from hybrid.backends.cpu_fused import FusedLayers, fusable
 from hybrid.backends.cpu_moe import FusedMoE
 from hybrid.model.weights import Weight
+
+
+class _Direct:
+    """A compiled kernel called straight through the entry point of its one compiled signature after the first
+    call: numba's dispatcher types every argument on every call (moe_layer: 44, a dozen of them tuples), which
+    costs tens of microseconds a call once the weights' streams have swept its objects from the caches. Only for a
+    kernel whose caller builds the same argument types every time (the entry point does not check them)."""
+
+    def __init__(self, fn) -> None:
+        self.fn, self.entry = fn, None
+
+    def __call__(self, *args):
+        if self.entry is not None:
+            return self.entry(*args)
+        out = self.fn(*args)
+        if len(self.fn.signatures) == 1:
+            self.entry = self.fn.overloads[self.fn.signatures[0]].entry_point
+        return out
+
+
+_MOE_LAYER = _Direct(moe.moe_layer)  # CpuBackend.fused_layer's arguments: one set of types (cpu_fused, cpu_moe)
 
 
 class CpuBackend:
@@ -37,6 +58,19 @@ class CpuBackend:
             self._fused.prepare(spec, cfg, lw, il)  # arguments are still gathered so that its FFN half is fused
             return None
         return self._fused.attention(spec, cfg, lw, il, x, positions, kv, self._tables)
+
+    def fused_layer(self, spec, cfg, lw: dict[str, Weight], il: int, x: np.ndarray, positions: np.ndarray, kv):
+        """A whole MoE layer of blocks.layer_forward in one compiled call (kernels_cpu.moe.moe_layer: attention_half
+        then moe_ffn_half), bit for bit, where both halves have their one-call forms and the layer no sandwich norm;
+        else None (layer_forward then runs fused_attention and fused_ffn)."""
+        if not (self.fused and spec.moe and not spec.sandwich_norm and fusable(spec, lw, x.shape[0])
+                and not hasattr(kv, "seqs")):
+            return None
+        tail = self._moe.half_args(spec, cfg, lw, x.shape[0], self.routing_observer)
+        if tail is None:
+            return None
+        head = self._fused.attention_args(spec, cfg, lw, il, x, positions, kv, self._tables, post_norm=False)
+        return _MOE_LAYER(*head, *tail[1:])  # (moe_ffn_half's eps is attention_half's)
 
     def fused_ffn(self, spec, cfg, lw: dict[str, Weight], x: np.ndarray, a: np.ndarray):
         """The rest of blocks.layer_forward after the attention part a (x + a, the FFN and the residual) in one

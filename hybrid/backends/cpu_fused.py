@@ -148,6 +148,12 @@ class FusedLayers:
                   rope_tables) -> np.ndarray:
         """The attention part of blocks.layer_forward of x (n_tok, n_embd) f32 (what it adds to x), bit for bit;
         rope_tables(positions, n_rot, base, scale) gives the backend's cached cos/sin tables."""
+        return fused_layer.attention_half(*self.attention_args(spec, cfg, lw, il, x, positions, kv, rope_tables))
+
+    def attention_args(self, spec: ArchSpec, cfg: ModelConfig, lw, il: int, x: np.ndarray, positions: np.ndarray,
+                       kv, rope_tables, post_norm: bool = True) -> tuple:
+        """attention_half's arguments (`attention`'s); without post_norm, the last two (the post-attention norm) are
+        left out (kernels_cpu.moe.moe_layer's attention part has none)."""
         L = self._layer(spec, cfg, lw, il)
         k_views, v_views, code_k, code_v, n_ctx = self._views(kv, il)
         pos, pos64, n_kv, n_threads, hpi = self._positions(cfg, positions, n_ctx)
@@ -155,12 +161,12 @@ class FusedLayers:
             raise ValueError(f"rope: mode must be one of {sorted(ROPE_MODES)}, found {cfg.rope_type!r}")
         tables = rope_tables(pos, *L.rope)
         q_scale, kq_scale, n_swa = L.scales
-        return fused_layer.attention_half(
-            n_threads, np.ascontiguousarray(x, dtype=np.float32), L.eps, L.attn_norm, L.qkv, L.out_proj, _EMPTY_W,
-            _EMPTY_Y, L.biases, spec.qkv_bias, L.q_norm, L.k_norm, spec.qk_norm, cfg.n_head, cfg.n_head_kv,
-            cfg.n_embd_head_k, cfg.n_embd_head_v, tables.cos, tables.sin, tables.n_rot, cfg.rope_type == "neox",
-            q_scale, not spec.q_scale_in_attention, k_views, v_views, code_k, code_v, pos, pos64, n_kv, kq_scale,
-            n_swa, hpi, F16_TO_F32, L.post_attn, spec.sandwich_norm)
+        args = (n_threads, np.ascontiguousarray(x, dtype=np.float32), L.eps, L.attn_norm, L.qkv, L.out_proj, _EMPTY_W,
+                _EMPTY_Y, L.biases, spec.qkv_bias, L.q_norm, L.k_norm, spec.qk_norm, cfg.n_head, cfg.n_head_kv,
+                cfg.n_embd_head_k, cfg.n_embd_head_v, tables.cos, tables.sin, tables.n_rot, cfg.rope_type == "neox",
+                q_scale, not spec.q_scale_in_attention, k_views, v_views, code_k, code_v, pos, pos64, n_kv, kq_scale,
+                n_swa, hpi, F16_TO_F32)
+        return args + (L.post_attn, spec.sandwich_norm) if post_norm else args
 
     def ffn(self, spec: ArchSpec, cfg: ModelConfig, lw, x: np.ndarray, a: np.ndarray) -> np.ndarray | None:
         """The rest of blocks.layer_forward after the attention part a (x + a, the FFN, the residual), bit for bit;

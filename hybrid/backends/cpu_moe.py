@@ -141,11 +141,18 @@ class FusedMoE:
         """The rest of blocks.layer_forward after the attention part a (x + a, its norm, the MoE FFN, the residual)
         in one compiled call for a batch of few tokens and an F32 router; else None (blocks.layer_forward then
         runs it, and the MoE FFN through __call__; so too while an observer listens: the call hides its routing)."""
+        tail = self.half_args(spec, cfg, lw, x.shape[0], observer)
+        if tail is None:
+            return None
+        return moe.moe_ffn_half(numba.get_num_threads(), np.ascontiguousarray(x, dtype=np.float32),
+                                np.ascontiguousarray(a, dtype=np.float32), *tail)
+
+    def half_args(self, spec: ArchSpec, cfg, lw, n_tok: int, observer=None) -> tuple | None:
+        """moe_ffn_half's arguments after a (moe_layer's after the attention part's) for a batch of n_tok tokens, or
+        None where it has no one-call form (see ffn_half)."""
         L = self._layer(spec, cfg, lw)
-        if (L is None or L.ffn_norm is None or L.router_f32 is None or not 0 < x.shape[0] < GEMM_MIN_TOKENS
+        if (L is None or L.ffn_norm is None or L.router_f32 is None or not 0 < n_tok < GEMM_MIN_TOKENS
                 or SHARED_EXPERT[0] in lw or observer is not None):
             return None  # (a shared expert is blocks.moe_ffn's to add)
-        return moe.moe_ffn_half(numba.get_num_threads(), np.ascontiguousarray(x, dtype=np.float32),
-                                np.ascontiguousarray(a, dtype=np.float32), L.eps, L.ffn_norm, L.router_f32,
-                                cfg.n_expert_used, spec.moe_norm_weights, L.gate, L.up, L.down, _EMPTY,
-                                _GLU_OP[spec.ffn_act], GELU_F16_TABLE)
+        return (L.eps, L.ffn_norm, L.router_f32, cfg.n_expert_used, spec.moe_norm_weights, L.gate, L.up, L.down,
+                _EMPTY, _GLU_OP[spec.ffn_act], GELU_F16_TABLE)

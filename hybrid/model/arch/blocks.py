@@ -23,6 +23,10 @@ def layer_forward(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight], i
     plain = not (spec.mla or cfg.rope_yarn or spec.attn_sinks or spec.o_bias)
     if spec.mla and getattr(kv, "seqs", None) is not None:  # a ragged batch (see attend): MLA's cache is not
         raise NotImplementedError("a batch of several sequences through an MLA layer (deepseek2)")
+    whole = getattr(be, "fused_layer", None) if plain else None  # the CPU's: a whole MoE layer in one call
+    out = whole(spec, cfg, lw, il, x, positions, kv) if whole is not None else None
+    if out is not None:
+        return out
     a = be.fused_attention(spec, cfg, lw, il, x, positions, kv) if plain else None
     if a is None:
         h = be.rms_norm(x, lw["attn_norm"].raw, eps)
