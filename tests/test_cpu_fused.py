@@ -45,7 +45,7 @@ def test_fused_equals_op_by_op(tmp_path, arch, mix, kv, n_embd):
     assert all(fusable(eng.spec, lw, 1) for lw in eng.weights.layers)
     if n_embd:  # these cases cover the parallel forms of the norms and RoPE (as in Llama 1B's 12-token prompt)
         assert BIG * eng.config.n_embd > SERIAL_MAX_ELEMS
-    calls = {"attention_args": 0, "ffn": 0}  # attention_args: attention_half's, or the MoE layer call's first part
+    calls = {"step_args": 0, "ffn": 0}  # step_args: for attention_half, or for the MoE layer call
 
     def counted(name):
         real = getattr(eng.cpu._fused, name)
@@ -56,10 +56,10 @@ def test_fused_equals_op_by_op(tmp_path, arch, mix, kv, n_embd):
             return out
         return run
 
-    eng.cpu._fused.attention_args, eng.cpu._fused.ffn = counted("attention_args"), counted("ffn")
+    eng.cpu._fused.step_args, eng.cpu._fused.ffn = counted("step_args"), counted("ffn")
     fused = _run(eng, True, STEPS)
     n = len(STEPS) * eng.config.n_layer  # every layer of every step took the fused path (MoE: its attention)
-    assert calls == {"attention_args": n, "ffn": 0 if eng.spec.moe else n}
+    assert calls == {"step_args": n, "ffn": 0 if eng.spec.moe else n}
     plain = _run(eng, False, STEPS)
     for step, (a, b) in enumerate(zip(fused, plain)):
         assert np.isfinite(a).all()

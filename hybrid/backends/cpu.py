@@ -6,7 +6,7 @@ import numpy as np
 
 from gguf_io import quant_spec
 from kernels_cpu import activations, attention, get_rows, kv_cache, moe, norm, rope
-from kernels_cpu.matmul import matmul, matmuls
+from kernels_cpu.matmul import GEMM_MIN_TOKENS, matmul, matmuls
 
 from hybrid.backends.cpu_fused import FusedLayers, fusable
 from hybrid.backends.cpu_moe import FusedMoE
@@ -43,6 +43,7 @@ class CpuBackend:
         self.fused = fused
         self._fused = FusedLayers()
         self._moe = FusedMoE()
+        self._whole: dict[int, tuple] = {}  # id(lw) -> (lw, fused_layer's arguments of the layer or None)
         # cos/sin tables of the batch being evaluated, per (n_rot, base, scale): every layer rotates q and k at
         # the same positions, so they are computed once per eval step, not twice a layer; a new batch of
         # positions replaces them
@@ -63,14 +64,23 @@ class CpuBackend:
         """A whole MoE layer of blocks.layer_forward in one compiled call (kernels_cpu.moe.moe_layer: attention_half
         then moe_ffn_half), bit for bit, where both halves have their one-call forms and the layer no sandwich norm;
         else None (layer_forward then runs fused_attention and fused_ffn)."""
-        if not (self.fused and spec.moe and not spec.sandwich_norm and fusable(spec, lw, x.shape[0])
-                and not hasattr(kv, "seqs")):
+        if not (self.fused and 0 < x.shape[0] < GEMM_MIN_TOKENS) or self.routing_observer is not None or hasattr(
+                kv, "seqs"):
+            return None  # (an observer: the call hides its routing; a ragged batch: attention per sequence)
+        hit = self._whole.get(id(lw))
+        if hit is None or hit[0] is not lw:  # the layer's own arguments, gathered once (or None: no one-call form)
+            hit = self._whole[id(lw)] = (lw, self._whole_args(spec, cfg, lw, il))
+        if hit[1] is None:
             return None
-        tail = self._moe.half_args(spec, cfg, lw, x.shape[0], self.routing_observer)
-        if tail is None:
+        step = self._fused.step_args(spec, cfg, lw, il, positions, kv, self._tables)
+        return _MOE_LAYER(step[0], np.ascontiguousarray(x, dtype=np.float32), *step[1:], *hit[1])
+
+    def _whole_args(self, spec, cfg, lw, il: int) -> tuple | None:
+        """moe_layer's arguments of layer il that no batch changes, or None where it has no one-call form."""
+        if not spec.moe or spec.sandwich_norm or not fusable(spec, lw, 1):
             return None
-        head = self._fused.attention_args(spec, cfg, lw, il, x, positions, kv, self._tables, post_norm=False)
-        return _MOE_LAYER(*head, *tail[1:])  # (moe_ffn_half's eps is attention_half's)
+        tail = self._moe.half_args(spec, cfg, lw, 1)
+        return None if tail is None else self._fused.layer_args(spec, cfg, lw, il) + tail[1:]  # (one eps)
 
     def fused_ffn(self, spec, cfg, lw: dict[str, Weight], x: np.ndarray, a: np.ndarray):
         """The rest of blocks.layer_forward after the attention part a (x + a, the FFN and the residual) in one

@@ -148,25 +148,37 @@ class FusedLayers:
                   rope_tables) -> np.ndarray:
         """The attention part of blocks.layer_forward of x (n_tok, n_embd) f32 (what it adds to x), bit for bit;
         rope_tables(positions, n_rot, base, scale) gives the backend's cached cos/sin tables."""
-        return fused_layer.attention_half(*self.attention_args(spec, cfg, lw, il, x, positions, kv, rope_tables))
+        n_threads, cos, sin, n_rot, pos, pos64, n_kv, hpi, k_views, v_views, code_k, code_v = self.step_args(
+            spec, cfg, lw, il, positions, kv, rope_tables)
+        (eps, attn_norm, qkv, out_proj, empty_w, empty_y, biases, has_bias, q_norm, k_norm, has_qk_norm, n_head,
+         n_head_kv, hd_k, hd_v, neox, q_scale, has_q_scale, kq_scale, n_swa, lut) = self.layer_args(spec, cfg, lw, il)
+        L = self._layer(spec, cfg, lw, il)
+        return fused_layer.attention_half(
+            n_threads, np.ascontiguousarray(x, dtype=np.float32), eps, attn_norm, qkv, out_proj, empty_w, empty_y,
+            biases, has_bias, q_norm, k_norm, has_qk_norm, n_head, n_head_kv, hd_k, hd_v, cos, sin, n_rot, neox,
+            q_scale, has_q_scale, k_views, v_views, code_k, code_v, pos, pos64, n_kv, kq_scale, n_swa, hpi, lut,
+            L.post_attn, spec.sandwich_norm)
 
-    def attention_args(self, spec: ArchSpec, cfg: ModelConfig, lw, il: int, x: np.ndarray, positions: np.ndarray,
-                       kv, rope_tables, post_norm: bool = True) -> tuple:
-        """attention_half's arguments (`attention`'s); without post_norm, the last two (the post-attention norm) are
-        left out (kernels_cpu.moe.moe_layer's attention part has none)."""
+    def step_args(self, spec: ArchSpec, cfg: ModelConfig, lw, il: int, positions: np.ndarray, kv,
+                  rope_tables) -> tuple:
+        """What attention_half's arguments take from the batch and the cache: (threads, cos, sin, n_rot, positions
+        int32, int64, n_kv, heads per item, k views, v views, k type code, v type code)."""
         L = self._layer(spec, cfg, lw, il)
         k_views, v_views, code_k, code_v, n_ctx = self._views(kv, il)
         pos, pos64, n_kv, n_threads, hpi = self._positions(cfg, positions, n_ctx)
+        tables = rope_tables(pos, *L.rope)
+        return n_threads, tables.cos, tables.sin, tables.n_rot, pos, pos64, n_kv, hpi, k_views, v_views, code_k, code_v
+
+    def layer_args(self, spec: ArchSpec, cfg: ModelConfig, lw, il: int) -> tuple:
+        """attention_half's arguments of layer il that no batch changes (kernels_cpu.moe.moe_layer's order, from
+        eps to the f16 table; the post-attention norm left out)."""
+        L = self._layer(spec, cfg, lw, il)
         if cfg.rope_type not in ROPE_MODES:
             raise ValueError(f"rope: mode must be one of {sorted(ROPE_MODES)}, found {cfg.rope_type!r}")
-        tables = rope_tables(pos, *L.rope)
         q_scale, kq_scale, n_swa = L.scales
-        args = (n_threads, np.ascontiguousarray(x, dtype=np.float32), L.eps, L.attn_norm, L.qkv, L.out_proj, _EMPTY_W,
-                _EMPTY_Y, L.biases, spec.qkv_bias, L.q_norm, L.k_norm, spec.qk_norm, cfg.n_head, cfg.n_head_kv,
-                cfg.n_embd_head_k, cfg.n_embd_head_v, tables.cos, tables.sin, tables.n_rot, cfg.rope_type == "neox",
-                q_scale, not spec.q_scale_in_attention, k_views, v_views, code_k, code_v, pos, pos64, n_kv, kq_scale,
-                n_swa, hpi, F16_TO_F32)
-        return args + (L.post_attn, spec.sandwich_norm) if post_norm else args
+        return (L.eps, L.attn_norm, L.qkv, L.out_proj, _EMPTY_W, _EMPTY_Y, L.biases, spec.qkv_bias, L.q_norm, L.k_norm,
+                spec.qk_norm, cfg.n_head, cfg.n_head_kv, cfg.n_embd_head_k, cfg.n_embd_head_v, cfg.rope_type == "neox",
+                q_scale, not spec.q_scale_in_attention, kq_scale, n_swa, F16_TO_F32)
 
     def ffn(self, spec: ArchSpec, cfg: ModelConfig, lw, x: np.ndarray, a: np.ndarray) -> np.ndarray | None:
         """The rest of blocks.layer_forward after the attention part a (x + a, the FFN, the residual), bit for bit;
