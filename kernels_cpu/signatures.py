@@ -144,6 +144,12 @@ def _kernels() -> tuple[Kernel, ...]:
         Kernel("kernels_cpu.fused_layer", "ffn_half",
                (I64, F32_2, F32_2, F32, RO_F32_1, MATS, MATS, RAW_2, F32_2, I64, F32_1, RO_F32_1, BOOL),
                ("norm.rms_norm_rows", "fused_layer.int_dots", "activations.glu_rows")),
+        # the embedding lookup (get_rows)
+        Kernel("kernels_cpu.get_rows", "_h2f", (nt.uint8, nt.uint8)),
+        *(Kernel("kernels_cpu.get_rows", n, (RAW_1, I64, F32_1, I64), ("get_rows._h2f",))
+          for n in ("_q4_k_block", "_q6_k_block")),
+        Kernel("kernels_cpu.get_rows", "_decode_rows", (I64, RAW_2, I64_1, I64, I64, F32_2),
+               ("get_rows._h2f", "get_rows._q4_k_block", "get_rows._q6_k_block")),
         # the 8-row interleaved layouts made at load (hybrid/backends/repack.py)
         Kernel("kernels_cpu.legacy_x8", "_repack_groups", (RAW_1, I64, BOOL, U8_1)),
         Kernel("kernels_cpu.q4_k_x8", "_repack_groups", (RAW_1, I64, U8_1)),
@@ -173,6 +179,7 @@ FUSED_FFN = "fused_layer.ffn_half"
 INT_DOTS = {"Q8_0": ("act_quant.quantize_q8_1_rows", "vec_dot_legacy.matmul_q8_0_act"),  # by vec_dot_type
             "Q8_K": ("act_quant.quantize_q8_k_rows", "vec_dot_k.matmul_q8_k_act")}
 RMS_NORM = "norm.rms_norm_rows"
+GET_ROWS = "get_rows._decode_rows"
 ROPE_TABLES = "rope._rope_tables"
 TOP_K = "topk.top_k_ids"
 REPACK = {"Q4_0": "legacy_x8._repack_groups", "Q5_0": "legacy_x8._repack_groups", "Q4_K": "q4_k_x8._repack_groups",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kernels_cpu import get_rows
 from kernels_cpu import signatures as sig
 from kernels_cpu.matmul import KERNELS
 
@@ -33,11 +34,15 @@ def _products(ws: Iterable[Weight]) -> set[str]:
 
 
 def cpu_kernel_keys(spec: ArchSpec, layers: Iterable[dict[str, Weight]], output: Weight | None, repack: bool,
-                    output_tied: bool = False) -> tuple[str, ...]:
+                    output_tied: bool = False, embedding: Weight | None = None) -> tuple[str, ...]:
     """The kernels a warm-up calls for these CPU layers and, unless None, the output matrix `output` (on the CPU,
     with its norm), and the sampler's top-k; with repack, the repack's kernels for the types it will interleave (an
-    output tied to the token embeddings is never repacked). Sorted keys of kernels_cpu.signatures.KERNELS."""
+    output tied to the token embeddings is never repacked); the compiled embedding lookup where `embedding` (the
+    token embeddings, always looked up on the CPU) has a type it decodes. Sorted keys of
+    kernels_cpu.signatures.KERNELS."""
     keys: set[str] = {sig.TOP_K}  # the sampler's, whatever runs the layers
+    if embedding is not None and embedding.type_name in get_rows.TYPES:
+        keys.add(sig.GET_ROWS)
     matrices: list[Weight] = []
     for lw in layers:
         keys.add(sig.ROPE_TABLES)

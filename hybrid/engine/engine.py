@@ -231,7 +231,7 @@ class Engine:
         on_cpu = isinstance(self.output_backend, CpuBackend)
         w = self.weights
         return cpu_kernel_keys(self.spec, layers, w.output if on_cpu else None, self.repacks,
-                               output_tied=w.output is w.token_embd)
+                               output_tied=w.output is w.token_embd, embedding=w.token_embd)
 
     def _with_numa_policy(self, fn):
         """fn() with the pages it first writes placed as --numa says (a repack's copies)."""
