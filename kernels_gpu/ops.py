@@ -23,8 +23,9 @@ def _f32(name: str, x, ndim: int | None = None):
     return cupy.ascontiguousarray(x)
 
 
-def _rms_rows(x2, w, eps: float, out2, add=None) -> None:
-    """out2 = rms_norm(x2) * w; with add = (a2, sum2): sum2 = x2 + a2 first and out2 = rms_norm(sum2) * w."""
+def _rms_rows(x2, w, eps: float, out2, add=None, q8=None) -> None:
+    """out2 = rms_norm(x2) * w; with add = (a2, sum2): sum2 = x2 + a2 first and out2 = rms_norm(sum2) * w; with
+    q8 = (xq, xm), out2's quantize_q8_1 bytes too (rows that take the vec kernels only: _vec_rows)."""
     n_rows, n = x2.shape
     if n_rows == 0 or n == 0:
         return
@@ -32,12 +33,15 @@ def _rms_rows(x2, w, eps: float, out2, add=None) -> None:
     vec = _vec_rows(n, [x2, out2] + ([] if w is None else [w]) + ([] if add is None else list(add)))
     if vec is not None:  # a CTA a row, its values in registers (rms_row_vec)
         v, threads = vec
+        q = "" if q8 is None else "_q8"
         if add is None:
-            fn, args = get_kernel("ops", f"rms_norm_vec{v}_f32"), (x2, w_arg, out2)
+            fn, args = get_kernel("ops", f"rms_norm{q}_vec{v}_f32"), (x2, w_arg, out2)
         else:
-            fn, args = get_kernel("ops", f"add_rms_norm_vec{v}_f32"), (x2, add[0], w_arg, add[1], out2)
-        fn((n_rows,), (threads, 1), (*args, np.int32(n), np.float32(eps)))
+            fn, args = get_kernel("ops", f"add_rms_norm{q}_vec{v}_f32"), (x2, add[0], w_arg, add[1], out2)
+        fn((n_rows,), (threads, 1), (*args, np.int32(n), np.float32(eps), *(() if q8 is None else q8)))
         return
+    if q8 is not None:  # rms_norm_q8 checks _vec_rows before it asks
+        raise ValueError(f"rms_norm with q8: rows of {n} values take no one-CTA-a-row kernel")
     if add is None:
         fn, args = get_kernel("ops", "rms_norm_f32"), (x2, w_arg, out2)
     else:
@@ -101,20 +105,14 @@ def rms_norm_q8(x, w, eps: float, a=None):
             raise ValueError(f"add_rms_norm: x {x.shape} and a {a.shape} differ in shape")
     n_rows, n = x.shape
     w = _weight(w, n, "rms_norm_q8")
+    # checked before anything is allocated (the outputs are new, so aligned): most calls of a small model end here
+    if n_rows == 0 or _vec_rows(n, [x] + ([] if w is None else [w]) + ([] if a is None else [a])) is None:
+        return None
     out = cupy.empty_like(x)
     total = None if a is None else cupy.empty_like(x)
-    vec = _vec_rows(n, [x, out] + ([] if w is None else [w]) + ([] if a is None else [a, total]))
-    if vec is None or n_rows == 0:
-        return None
-    v, threads = vec
-    xq, xm = q8_empty(n_rows, n)
-    w_arg = np.uint64(0) if w is None else w
-    if a is None:
-        fn, args = get_kernel("ops", f"rms_norm_q8_vec{v}_f32"), (x, w_arg, out)
-    else:
-        fn, args = get_kernel("ops", f"add_rms_norm_q8_vec{v}_f32"), (x, a, w_arg, total, out)
-    fn((n_rows,), (threads, 1), (*args, np.int32(n), np.float32(eps), xq, xm))
-    return (out, (xq, xm)) if a is None else (total, out, (xq, xm))
+    q8 = q8_empty(n_rows, n)
+    _rms_rows(x, w, eps, out, None if a is None else (a, total), q8)
+    return (out, q8) if a is None else (total, out, q8)
 
 
 def add_rms_norm(x, a, w, eps: float):
