@@ -73,7 +73,7 @@ def _decode_rows(code, raw, ids, block_bytes, block_vals, out):
         for blk in range(n_blocks):
             o, j = blk * block_bytes, blk * block_vals
             if code == 0:
-                out[r, j] = row[o:o + 4].view(np.float32)[0]
+                o_row[j] = row[o:o + 4].view(np.float32)[0]
             elif code == 1:
                 o_row[j] = _h2f(row[o], row[o + 1])
             elif code == 2:
