@@ -38,6 +38,17 @@ K4_SCALE_SHUF = _lane_table([(m, m) for m in range(8)])
 K6_SCALE_SHUF = _lane_table([(2 * k, 2 * k + 1) for k in range(4)])
 
 
+def _bytes_and_offset(a, off) -> bool:
+    """Whether an intrinsic's (a, off) are a byte array and an integer offset into it."""
+    return isinstance(a, types.Array) and a.dtype in (types.uint8, types.int8) and isinstance(off, types.Integer)
+
+
+def _load_bytes(context, builder, sig, args, n: int):
+    """The <n x i8> at a[off] of an intrinsic's arguments (a, off), unaligned."""
+    off64 = context.cast(builder, args[1], sig.args[1], types.intp)
+    return builder.load(ir_ptr(context, builder, sig.args[0], args[0], off64, ir.VectorType(_I8, n)), align=1)
+
+
 def _dup8(builder, v8):
     """<8 x i16> -> <16 x i16> with both 128-bit halves = v8."""
     return ir_shuffle(builder, v8, v8, list(range(8)) * 2)
@@ -59,14 +70,11 @@ def scales_from_u64(typingctx, v):
 @intrinsic
 def scales_i8x8(typingctx, a, off):
     """The 8 signed bytes a[off:off + 8] as int16 lanes 0-7, repeated in lanes 8-15."""
-    if not (isinstance(a, types.Array) and a.dtype in (types.uint8, types.int8) and isinstance(off, types.Integer)):
+    if not _bytes_and_offset(a, off):
         return None
 
     def codegen(context, builder, sig, args):
-        off64 = context.cast(builder, args[1], sig.args[1], types.intp)
-        p = ir_ptr(context, builder, sig.args[0], args[0], off64, ir.VectorType(_I8, 8))
-        bytes8 = builder.load(p, align=1)
-        return _dup8(builder, builder.sext(bytes8, _V16x8))
+        return _dup8(builder, builder.sext(_load_bytes(context, builder, sig, args, 8), _V16x8))
     return I16x16(a, off), codegen
 
 
@@ -136,12 +144,10 @@ def mins_pairs_from_u64(typingctx, v):
 def scale_pair_i32(typingctx, a, off):
     """The 2 signed bytes a[off], a[off + 1] as int32 lanes 0-3 and 4-7: Q6_K's two 16-element scales of a group of
     32 codes against the int32 lanes vpdpbusd leaves (lane j: codes 4j..4j+3)."""
-    if not (isinstance(a, types.Array) and a.dtype in (types.uint8, types.int8) and isinstance(off, types.Integer)):
+    if not _bytes_and_offset(a, off):
         return None
 
     def codegen(context, builder, sig, args):
-        off64 = context.cast(builder, args[1], sig.args[1], types.intp)
-        p = ir_ptr(context, builder, sig.args[0], args[0], off64, ir.VectorType(_I8, 2))
-        b = builder.load(p, align=1)
+        b = _load_bytes(context, builder, sig, args, 2)
         return builder.sext(ir_shuffle(builder, b, b, [0, 0, 0, 0, 1, 1, 1, 1]), ir.VectorType(_I32, 8))
     return I32x8(a, off), codegen
