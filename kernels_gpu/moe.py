@@ -19,7 +19,9 @@ by expert on the device (`group`: rows in expert order, tiles of up to MM_BM row
 launch for gate and up with the GLU and one for down (moe_mma.cu: the quantized blocks dequantized tile by tile into
 shared memory), `moe_combine` adding each token's rows back with its weights; no host synchronization.
 
-Prefill of experts uploaded for the batch (`prefill`, the host-experts path; also gate and up of two types): the
+Prefill of experts uploaded for the batch runs on the same tensor-core kernels (kernels_gpu.moe_upload: the used
+experts copied into compact slots a chunk at a time). Where those kernels cannot (gate and up of two types, experts
+in a repacked layout, a slot too small for an expert) `prefill` runs instead: the
 pairs grouped on the host (one copy of the ids back: the group sizes set the GEMM shapes) into runs of consecutive
 used experts of similar group sizes, the tokens gathered into one fp16 matrix with each run's groups padded to its
 largest, and each run of each projection one contiguous dequantization to fp16 and one strided-batched cuBLAS GEMM.

@@ -275,28 +275,36 @@ class CopyRing:
         self._filled = [cupy.cuda.Event(disable_timing=True) for _ in range(n_slots)]
         self._read = [cupy.cuda.Event(disable_timing=True) for _ in range(n_slots)]
         self._free: deque[int] = deque(range(n_slots))
-        self._pending: deque[tuple[object, int, int]] = deque()  # (key, host pointer, bytes) not yet issued
+        self._pending: deque[tuple[object, list, int]] = deque()  # (key, pieces, bytes) not yet issued
         self._issued: deque[tuple[object, int, int]] = deque()  # (key, slot, bytes) in order of use
         self.copied_bytes = 0
 
-    def start(self, sources: list[tuple[object, int, int]]) -> None:
-        """sources: (key, host pointer into page-locked memory, bytes) in the order take() will ask for them."""
+    @property
+    def n_slots(self) -> int:
+        return len(self._slots)
+
+    def start(self, sources: list[tuple[object, list[tuple[int, int]]]]) -> None:
+        """sources: (key, pieces) in the order take() will ask for them; pieces [(host pointer into page-locked
+        memory, bytes)] are copied back to back into the source's slot."""
         if self._pending or self._issued:
             raise RuntimeError("CopyRing.start: the previous batch was not taken whole")
-        for key, ptr, n in sources:
+        for key, pieces in sources:
+            n = sum(size for _, size in pieces)
             if n > self.slot_bytes:
                 raise ValueError(f"CopyRing: a source of {n} bytes exceeds the slot of {self.slot_bytes}")
-            self._pending.append((key, ptr, n))
+            self._pending.append((key, pieces, n))
         self._issue()
 
     def _issue(self) -> None:
         cp = self._cp
         while self._free and self._pending:
             slot = self._free.popleft()
-            key, ptr, n = self._pending.popleft()
+            key, pieces, n = self._pending.popleft()
             self._stream.wait_event(self._read[slot])  # the kernels that read the slot before are done
-            cp.cuda.runtime.memcpyAsync(self._slots[slot].data.ptr, ptr, n, cp.cuda.runtime.memcpyHostToDevice,
-                                        self._stream.ptr)
+            at = self._slots[slot].data.ptr
+            for ptr, size in pieces:
+                cp.cuda.runtime.memcpyAsync(at, ptr, size, cp.cuda.runtime.memcpyHostToDevice, self._stream.ptr)
+                at += size
             self._filled[slot].record(self._stream)
             self._issued.append((key, slot, n))
             self.copied_bytes += n

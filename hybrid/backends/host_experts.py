@@ -6,8 +6,9 @@ The GPU computes the layer's attention, norms and router and routes the tokens (
   (kernels_cpu.moe.moe_experts, threads over experts and rows, no Python loop over experts), and the weighted sum
   crosses back once. Inside a decode step this is a host break of the CUDA graph (kernels_gpu.graph): the pieces
   before and after it stay captured.
-- a bigger batch (prefill): only the experts the batch routes to are uploaded from host memory, a run of experts
-  at a time, and multiplied on the GPU (kernels_gpu.moe.prefill), as llama.cpp's op offload does for
+- a bigger batch (prefill): only the experts the batch routes to are uploaded from host memory, a chunk of experts
+  at a time, and multiplied on the GPU's tensor cores (kernels_gpu.moe_upload; kernels_gpu.moe.prefill's
+  dequantize-and-GEMM where those kernels cannot take the experts), as llama.cpp's op offload does for
   GGML_OP_MUL_MAT_ID; `min_batch` is llama.cpp's rule, n_expert / n_expert_used * 32 tokens, at most 256
   (offload_min_batch).
 """
@@ -29,7 +30,7 @@ from hybrid.backends.repack import BASE_TYPE, byte_permutation
 from hybrid.errors import UnsupportedPlacement
 from hybrid.model.arch.moe import moe_layer
 from hybrid.model.weights import Weight
-from hybrid.plan.placement import HOST_STAGING_SLOTS, staging_slot_bytes
+from hybrid.plan.placement import HOST_STAGING_SLOTS, POOL_UNIT, staging_slot_bytes
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 OFFLOAD_TOKENS_PER_EXPERT = 32  # llama.cpp: a MUL_MAT_ID is offloaded at >= 32 tokens per used expert on average
@@ -224,20 +225,26 @@ class HostExperts:
         return out
 
     def _prefill_direct(self, spec, h, ids, wts, ws, shapes, biases):
-        """moe.prefill with each run of used experts copied from the locked pages into a CopyRing slot on the copy
-        stream, STAGING_SLOTS runs ahead of the kernels (gate's runs, then up's, then down's)."""
-        from kernels_gpu import moe  # noqa: PLC0415
-        from kernels_gpu.transfer import CopyRing  # noqa: PLC0415
+        """The experts of a routed batch copied from the locked pages on a CopyRing's stream, ahead of the kernels
+        that read them: on the tensor cores (kernels_gpu.moe_upload: chunks of used experts, each copied into half
+        a run's slot, two chunks in flight) where moe_mma takes the experts, else moe.prefill with each run of used
+        experts in a slot, STAGING_SLOTS runs ahead of the dequantize-and-GEMM kernels (gate's runs, then up's,
+        then down's). The slots take the VRAM the plan reserves (HOST_STAGING_SLOTS runs) either way."""
+        from kernels_gpu import moe, moe_upload  # noqa: PLC0415
 
         per = [w.raw[0].nbytes for w in ws]
         need = staging_slot_bytes(shapes, max(per), ws[0].raw.shape[0])
-        if self._ring is None or self._ring.slot_bytes < need:
-            self._ring = None
-            self._ring = CopyRing(need, STAGING_SLOTS)
-        ring = self._ring
+        experts = tuple((w.raw, w.type_name) for w in ws)
+        half = need // 2 // POOL_UNIT * POOL_UNIT  # six of these take no more than the plan's three runs
+        if all(w.type_name == file_type(w.type_name) for w in ws) and not moe_upload.why_not(experts, half):
+            ring = self._ring_of(half, 2 * STAGING_SLOTS)
+            out, copied = moe_upload.prefill_uploaded(h, ids, wts, experts, spec.ffn_act, ring, biases)
+            self.stats.uploaded_bytes += copied
+            return out
+        ring = self._ring_of(need, STAGING_SLOTS)
 
         def prefetch(runs) -> None:
-            ring.start([((i, e0), int(w.raw.ctypes.data) + e0 * per[i], (e1 - e0) * per[i])
+            ring.start([((i, e0), [(int(w.raw.ctypes.data) + e0 * per[i], (e1 - e0) * per[i])])
                         for i, w in enumerate(ws) for e0, e1, _, _ in runs])
 
         def dequant_of(i: int, w: Weight):
@@ -257,6 +264,17 @@ class HostExperts:
         except BaseException:
             ring.reset()
             raise
+
+    def _ring_of(self, slot_bytes: int, n_slots: int):
+        """The CopyRing of big batches' uploads, (re)made when it lacks the slots asked for (one ring at a time:
+        together the slots take the VRAM the plan reserves)."""
+        from kernels_gpu.transfer import CopyRing  # noqa: PLC0415
+
+        r = self._ring
+        if r is None or r.slot_bytes < slot_bytes or r.n_slots != n_slots:
+            self._ring = None
+            self._ring = CopyRing(slot_bytes, n_slots)
+        return self._ring
 
     def _counted(self, dequant, w: Weight):
         per_expert = w.raw[0].nbytes
