@@ -76,6 +76,7 @@ class RouteLog:
 
         for cls in (CpuBackend, GpuBackend, OffloadBackend):
             monkeypatch.setattr(cls, "fused_moe", lambda *args: None)
+        monkeypatch.setattr(CpuBackend, "fused_layer", lambda *args: None)  # a whole MoE layer in one call: not here
         ffn = CpuBackend.fused_ffn  # the CPU's fused FFN of a layer covers an MoE FFN too: not here
         monkeypatch.setattr(CpuBackend, "fused_ffn", lambda be, spec, *args: None if spec.moe else ffn(be, spec, *args))
         self.calls: list[tuple[np.ndarray, np.ndarray]] = []
