@@ -23,6 +23,7 @@ the caller keeps such batches on the op-by-op path.
 
 import numpy as np
 from numba import njit, prange
+from numba.typed import List
 
 from kernels_cpu import act_quant, fused_layer, gemm_f32, norm, vec_dot_k, vec_dot_legacy
 from kernels_cpu.activations import _glu_serial  # the serial GLU of glu_rows, for a task's rows
@@ -322,3 +323,27 @@ def moe_layer(n_threads, x, cos_t, sin_t, n_rot, positions, positions64, n_kv, h
                                    n_kv, kq_scale, n_swa, hpi, lut, q_norm, np.bool_(False))
     return moe_ffn_half(n_threads, x, a, eps, ffn_norm, router, n_used, normalize, gate, up, down, empty, glu_op,
                         table)
+
+
+@njit(cache=True)
+def layer_list(own):
+    """A typed List holding one layer's own arguments of moe_layer (kv_k .. table) -> the List. Made and grown in
+    compiled code: a List made from Python compiles its methods in every process."""
+    layers = List()
+    layers.append(own)
+    return layers
+
+
+@njit(cache=True)
+def add_layer(layers, own):
+    """Append a layer's own arguments to layer_list's List -> its index."""
+    layers.append(own)
+    return len(layers) - 1
+
+
+@njit(cache=True)
+def moe_layer_at(n_threads, x, cos_t, sin_t, n_rot, positions, positions64, n_kv, hpi, layers, il):
+    """moe_layer with the layer's own arguments (kv_k .. table) at index il of the typed List layers (layer_list):
+    a call unboxes one List instead of some 35 arrays and tuples (after the weights' streams have swept the
+    caches, a 44-argument call cost 20-30 us to enter and leave, a layer's Python as much again)."""
+    return moe_layer(n_threads, x, cos_t, sin_t, n_rot, positions, positions64, n_kv, hpi, *layers[il])

@@ -45,10 +45,12 @@ def test_fused_equals_op_by_op(tmp_path, arch, mix, kv, n_embd):
     assert all(fusable(eng.spec, lw, 1) for lw in eng.weights.layers)
     if n_embd:  # these cases cover the parallel forms of the norms and RoPE (as in Llama 1B's 12-token prompt)
         assert BIG * eng.config.n_embd > SERIAL_MAX_ELEMS
-    calls = {"step_args": 0, "ffn": 0}  # step_args: for attention_half, or for the MoE layer call
+    # step_args: attention_half's, once a layer, or a whole MoE layer call's (cpu_whole), once a step; ffn: a dense
+    # FFN half; fused_layer: a whole MoE layer in one call
+    calls = {"step_args": 0, "ffn": 0, "fused_layer": 0}
 
-    def counted(name):
-        real = getattr(eng.cpu._fused, name)
+    def counted(obj, name):
+        real = getattr(obj, name)
 
         def run(*a, **k):
             out = real(*a, **k)
@@ -56,10 +58,12 @@ def test_fused_equals_op_by_op(tmp_path, arch, mix, kv, n_embd):
             return out
         return run
 
-    eng.cpu._fused.step_args, eng.cpu._fused.ffn = counted("step_args"), counted("ffn")
+    eng.cpu._fused.step_args, eng.cpu._fused.ffn = counted(eng.cpu._fused, "step_args"), counted(eng.cpu._fused, "ffn")
+    eng.cpu.fused_layer = counted(eng.cpu, "fused_layer")
     fused = _run(eng, True, STEPS)
-    n = len(STEPS) * eng.config.n_layer  # every layer of every step took the fused path (MoE: its attention)
-    assert calls == {"step_args": n, "ffn": 0 if eng.spec.moe else n}
+    n = len(STEPS) * eng.config.n_layer  # every layer of every step took the fused path
+    moe = eng.spec.moe
+    assert calls == {"step_args": len(STEPS) if moe else n, "ffn": 0 if moe else n, "fused_layer": n if moe else 0}
     plain = _run(eng, False, STEPS)
     for step, (a, b) in enumerate(zip(fused, plain)):
         assert np.isfinite(a).all()

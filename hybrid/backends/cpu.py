@@ -5,33 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from gguf_io import quant_spec
-from kernels_cpu import activations, attention, get_rows, kv_cache, moe, norm, rope
-from kernels_cpu.matmul import GEMM_MIN_TOKENS, matmul, matmuls
+from kernels_cpu import activations, attention, get_rows, kv_cache, norm, rope
+from kernels_cpu.matmul import matmul, matmuls
 
 from hybrid.backends.cpu_fused import FusedLayers, fusable
 from hybrid.backends.cpu_moe import FusedMoE
+from hybrid.backends.cpu_whole import WholeLayers
 from hybrid.model.weights import Weight
-
-
-class _Direct:
-    """A compiled kernel called straight through the entry point of its one compiled signature after the first
-    call: numba's dispatcher types every argument on every call (moe_layer: 44, a dozen of them tuples), which
-    costs tens of microseconds a call once the weights' streams have swept its objects from the caches. Only for a
-    kernel whose caller builds the same argument types every time (the entry point does not check them)."""
-
-    def __init__(self, fn) -> None:
-        self.fn, self.entry = fn, None
-
-    def __call__(self, *args):
-        if self.entry is not None:
-            return self.entry(*args)
-        out = self.fn(*args)
-        if len(self.fn.signatures) == 1:
-            self.entry = self.fn.overloads[self.fn.signatures[0]].entry_point
-        return out
-
-
-_MOE_LAYER = _Direct(moe.moe_layer)  # CpuBackend.fused_layer's arguments: one set of types (cpu_fused, cpu_moe)
 
 
 class CpuBackend:
@@ -43,7 +23,7 @@ class CpuBackend:
         self.fused = fused
         self._fused = FusedLayers()
         self._moe = FusedMoE()
-        self._whole: dict[int, tuple] = {}  # id(lw) -> (lw, fused_layer's arguments of the layer or None)
+        self._whole = WholeLayers(self._fused, self._moe)
         # cos/sin tables of the batch being evaluated, per (n_rot, base, scale): every layer rotates q and k at
         # the same positions, so they are computed once per eval step, not twice a layer; a new batch of
         # positions replaces them
@@ -61,26 +41,12 @@ class CpuBackend:
         return self._fused.attention(spec, cfg, lw, il, x, positions, kv, self._tables)
 
     def fused_layer(self, spec, cfg, lw: dict[str, Weight], il: int, x: np.ndarray, positions: np.ndarray, kv):
-        """A whole MoE layer of blocks.layer_forward in one compiled call (kernels_cpu.moe.moe_layer: attention_half
-        then moe_ffn_half), bit for bit, where both halves have their one-call forms and the layer no sandwich norm;
-        else None (layer_forward then runs fused_attention and fused_ffn)."""
-        if not (self.fused and 0 < x.shape[0] < GEMM_MIN_TOKENS) or self.routing_observer is not None or hasattr(
-                kv, "seqs"):
-            return None  # (an observer: the call hides its routing; a ragged batch: attention per sequence)
-        hit = self._whole.get(id(lw))
-        if hit is None or hit[0] is not lw:  # the layer's own arguments, gathered once (or None: no one-call form)
-            hit = self._whole[id(lw)] = (lw, self._whole_args(spec, cfg, lw, il))
-        if hit[1] is None:
+        """A whole MoE layer of blocks.layer_forward in one compiled call (cpu_whole: kernels_cpu.moe.moe_layer_at,
+        attention_half then moe_ffn_half), bit for bit, where both halves have their one-call forms and the layer no
+        sandwich norm; else None (layer_forward then runs fused_attention and fused_ffn)."""
+        if not self.fused or self.routing_observer is not None:  # (an observer: the call hides its routing)
             return None
-        step = self._fused.step_args(spec, cfg, lw, il, positions, kv, self._tables)
-        return _MOE_LAYER(step[0], np.ascontiguousarray(x, dtype=np.float32), *step[1:], *hit[1])
-
-    def _whole_args(self, spec, cfg, lw, il: int) -> tuple | None:
-        """moe_layer's arguments of layer il that no batch changes, or None where it has no one-call form."""
-        if not spec.moe or spec.sandwich_norm or not fusable(spec, lw, 1):
-            return None
-        tail = self._moe.half_args(spec, cfg, lw, 1)
-        return None if tail is None else self._fused.layer_args(spec, cfg, lw, il) + tail[1:]  # (one eps)
+        return self._whole(spec, cfg, lw, il, x, positions, kv, self._tables)
 
     def fused_ffn(self, spec, cfg, lw: dict[str, Weight], x: np.ndarray, a: np.ndarray):
         """The rest of blocks.layer_forward after the attention part a (x + a, the FFN and the residual) in one
