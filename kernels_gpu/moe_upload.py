@@ -110,6 +110,9 @@ def prefill_uploaded(h, ids, wts, experts: tuple, act: str, ring, biases: tuple 
 
     (g, tg), (u, _), (d, td) = experts
     n_tok = h.shape[0]
+    n_ff, n_embd = int(g.shape[1]), _n_in(g, tg)
+    if (int(d.shape[1]), _n_in(d, td)) != (n_embd, n_ff):
+        raise ValueError(f"moe upload: down {d.shape} does not map gate's {g.shape} back")
     h = cupy.ascontiguousarray(h, dtype=cupy.float32)
     per = [expert_bytes(r) for r, _ in experts]
     capacity = ring.slot_bytes // max(per)
@@ -119,22 +122,19 @@ def prefill_uploaded(h, ids, wts, experts: tuple, act: str, ring, biases: tuple 
         for name, (raw, _), pe in zip("gud", experts, per):
             base = int(raw.ctypes.data)
             sources.append(((name, c), [(base + e0 * pe, (e1 - e0) * pe) for e0, e1, _ in chunk.runs]))
-    ring.start(sources)
-    n_rows = plan.src.shape[0]
-    counts = np.array([ch.n_tiles for ch in plan.chunks], dtype=np.int32)
-    maps = cupy.asarray(np.concatenate([plan.src, plan.dest, plan.tiles.reshape(-1), counts]))
-    src, dest = maps[:n_rows], maps[n_rows:2 * n_rows]
-    tiles, n_tiles = maps[2 * n_rows:2 * n_rows + plan.tiles.size], maps[2 * n_rows + plan.tiles.size:]
-    n_ff, n_embd = int(g.shape[1]), _n_in(g, tg)
-    if (int(d.shape[1]), _n_in(d, td)) != (n_embd, n_ff):
-        raise ValueError(f"moe upload: down {d.shape} does not map gate's {g.shape} back")
-    a16 = cupy.empty((n_rows, n_ff), dtype=cupy.float16)
-    y = cupy.empty((n_rows, n_embd), dtype=cupy.float32)
     glu_fn, glu_smem = _mma_kernel(tg, True)
     down_fn, down_smem = _mma_kernel(td, False)
     i32, i64, null = np.int32, np.int64, np.uint64(0)
+    n_rows = plan.src.shape[0]
     copied = 0
-    try:
+    ring.start(sources)
+    try:  # from here on a failure drops the ring's batch, so the next one can start
+        counts = np.array([ch.n_tiles for ch in plan.chunks], dtype=np.int32)
+        maps = cupy.asarray(np.concatenate([plan.src, plan.dest, plan.tiles.reshape(-1), counts]))
+        src, dest = maps[:n_rows], maps[n_rows:2 * n_rows]
+        tiles, n_tiles = maps[2 * n_rows:2 * n_rows + plan.tiles.size], maps[2 * n_rows + plan.tiles.size:]
+        a16 = cupy.empty((n_rows, n_ff), dtype=cupy.float16)
+        y = cupy.empty((n_rows, n_embd), dtype=cupy.float32)
         for c, chunk in enumerate(plan.chunks):
             t = tiles[4 * chunk.tile0:]
             cnt = n_tiles[c:c + 1]
