@@ -13,7 +13,6 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .activations import FAST, exp_f32
 from .kv_cache import F16_TO_F32, KVCacheLayer, _store_kv, dequantize_rows_into, kv_type_code, kv_views
 
 TILE = 32  # keys per tile: K/V tiles of TILE x head_dim f32 stay in L1
@@ -41,8 +40,7 @@ def _attention_kernel(q, kf, k16, k8, ki8, vf, v16, v8, vi8, code_k, code_v, pos
         hi = min(p, n_kv - 1)
         kt = np.empty((TILE, dk), dtype=np.float32)  # (TILE, dk) dequantized K tile
         vt = np.empty((TILE, dv), dtype=np.float32)  # (TILE, dv) dequantized V tile
-        st = np.empty((hpi, TILE), dtype=np.float32)  # scores of each head over the tile
-        wt = np.empty(TILE, dtype=np.float32)  # exp(score - max) of one head over the tile
+        st = np.empty(TILE, dtype=np.float32)  # scores of one head over the tile
         acc = np.zeros((hpi, dv), dtype=np.float32)
         m = np.zeros(hpi, dtype=np.float32)  # running max (valid after the first tile)
         s_sum = np.zeros(hpi, dtype=np.float32)  # running sum of exp(s - m)
@@ -50,24 +48,27 @@ def _attention_kernel(q, kf, k16, k8, ki8, vf, v16, v8, vi8, code_k, code_v, pos
             nt = min(TILE, hi + 1 - c0)
             dequantize_rows_into(kf, k16, k8, ki8, code_k, c0, nt, hk, lut, kt)
             dequantize_rows_into(vf, v16, v8, vi8, code_v, c0, nt, hk, lut, vt)
-            _tile_scores(q, t, h0, hpi, kt, nt, scale, softcap, st)
             for a in range(hpi):
                 tmax = np.float32(-3.0e38)
                 for i in range(nt):
-                    tmax = max(tmax, st[a, i])
+                    s = np.float32(0.0)
+                    for j in range(dk):
+                        s += q[t, h0 + a, j] * kt[i, j]
+                    s *= scale
+                    if softcap > 0:
+                        s = softcap * np.tanh(s / softcap)
+                    st[i] = s
+                    tmax = max(tmax, s)
                 m_new = tmax if c0 == lo else max(m[a], tmax)
                 alpha = np.exp(m[a] - m_new) if c0 != lo else np.float32(0.0)  # rescales what came before
                 for j in range(dv):
                     acc[a, j] *= alpha
-                _exp_shifted(st[a], m_new, nt, wt)
                 ssum = s_sum[a] * alpha
                 for i in range(nt):
-                    ssum += wt[i]
-                ar = acc[a]
-                for i in range(nt):
-                    w, vr = wt[i], vt[i]
+                    w = np.exp(st[i] - m_new)
+                    ssum += w
                     for j in range(dv):
-                        ar[j] += w * vr[j]
+                        acc[a, j] += w * vt[i, j]
                 s_sum[a] = ssum
                 m[a] = m_new
         for a in range(hpi):
@@ -85,45 +86,6 @@ def _attention_kernel(q, kf, k16, k8, ki8, vf, v16, v8, vi8, code_k, code_v, pos
                 inv = inv * sink_scale
             for j in range(dv):
                 out[t, h0 + a, j] = acc[a, j] * inv
-
-
-@njit(inline="always", fastmath=True)
-def _tile_scores(q, t, h0, hpi, kt, nt, scale, softcap, st):
-    """st[a, i] = scale * q[t, h0 + a] . kt[i] (then soft-capped where softcap > 0) for a < hpi, i < nt: four heads
-    pass over each key row, each with its own sums, so a K row is loaded once for the four (a last group of fewer
-    repeats its last head: every head's sums take the same steps, so its scores do not depend on hpi)."""
-    dk = kt.shape[1]
-    for a in range(0, hpi, 4):
-        q0, q1 = q[t, h0 + a], q[t, h0 + min(a + 1, hpi - 1)]
-        q2, q3 = q[t, h0 + min(a + 2, hpi - 1)], q[t, h0 + min(a + 3, hpi - 1)]
-        for i in range(nt):
-            kr = kt[i]
-            s0, s1, s2, s3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
-            for j in range(dk):
-                k = kr[j]
-                s0 += q0[j] * k
-                s1 += q1[j] * k
-                s2 += q2[j] * k
-                s3 += q3[j] * k
-            st[a, i] = s0 * scale
-            if a + 1 < hpi:
-                st[a + 1, i] = s1 * scale
-            if a + 2 < hpi:
-                st[a + 2, i] = s2 * scale
-            if a + 3 < hpi:
-                st[a + 3, i] = s3 * scale
-    if softcap > 0:
-        for b in range(hpi):
-            for i in range(nt):
-                st[b, i] = softcap * np.tanh(st[b, i] / softcap)
-
-
-@njit(fastmath=FAST)
-def _exp_shifted(s, m, n, w):
-    """w[i] = exp(s[i] - m) for i < n, through activations.exp_f32 (expf's values; a loop that vectorizes instead
-    of a libm call per score). Its own function: exp_f32 wants its float flags without reassociation."""
-    for i in range(n):
-        w[i] = exp_f32(s[i] - m)
 
 
 def _heads_per_item(n_tok: int, n_head_kv: int, n_head: int) -> int:
