@@ -13,7 +13,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from .kv_cache import F16_TO_F32, KVCacheLayer, _store_kv, dequantize_rows_into, kv_type_code, kv_views
+from .kv_cache import (F16_TO_F32, KVCacheLayer, _store_kv, cache_rows, check_blocks, dequantize_rows_into,
+                       kernel_table, kv_type_code, kv_views)
 
 TILE = 32  # keys per tile: K/V tiles of TILE x head_dim f32 stay in L1
 NO_SINKS = np.zeros(0, dtype=np.float32)  # the kernel's `sinks` when there are none (one array type: one compile)
@@ -21,10 +22,11 @@ NO_SINKS = np.zeros(0, dtype=np.float32)  # the kernel's `sinks` when there are 
 
 @njit(cache=True, fastmath=True, parallel=True)
 def _attention_kernel(q, kf, k16, k8, ki8, vf, v16, v8, vi8, code_k, code_v, positions, n_kv, scale, n_swa,
-                      softcap, hpi, lut, sinks, out):
-    # q (n_tok, n_head, dk) f32; K and V as kv_views of u8 (n_ctx, n_head_kv, row_bytes); positions (n_tok,) int32;
+                      softcap, hpi, lut, sinks, table, bs, out):
+    # q (n_tok, n_head, dk) f32; K and V as kv_views of u8 (rows, n_head_kv, row_bytes); positions (n_tok,) int32;
     # sinks (n_head,) f32 or (0,) for none -> out (n_tok, n_head, dv) f32. A work item is (token, kv head, hpi
-    # query heads of its GQA group).
+    # query heads of its GQA group). Position c lives in row table[c // bs] * bs + c % bs (a paged cache's block
+    # table; a contiguous cache passes table [0] and bs = its rows, so that row = c); a tile never crosses a block.
     n_tok, n_head, dk = q.shape
     n_head_kv = k8.shape[1]
     group = n_head // n_head_kv  # GQA: query head h reads kv head h // group
@@ -44,10 +46,13 @@ def _attention_kernel(q, kf, k16, k8, ki8, vf, v16, v8, vi8, code_k, code_v, pos
         acc = np.zeros((hpi, dv), dtype=np.float32)
         m = np.zeros(hpi, dtype=np.float32)  # running max (valid after the first tile)
         s_sum = np.zeros(hpi, dtype=np.float32)  # running sum of exp(s - m)
-        for c0 in range(lo, hi + 1, TILE):
-            nt = min(TILE, hi + 1 - c0)
-            dequantize_rows_into(kf, k16, k8, ki8, code_k, c0, nt, hk, lut, kt)
-            dequantize_rows_into(vf, v16, v8, vi8, code_v, c0, nt, hk, lut, vt)
+        c0 = lo
+        while c0 <= hi:
+            blk = c0 // bs
+            nt = min(TILE, hi + 1 - c0, (blk + 1) * bs - c0)
+            row = table[blk] * bs + c0 - blk * bs
+            dequantize_rows_into(kf, k16, k8, ki8, code_k, row, nt, hk, lut, kt)
+            dequantize_rows_into(vf, v16, v8, vi8, code_v, row, nt, hk, lut, vt)
             for a in range(hpi):
                 tmax = np.float32(-3.0e38)
                 for i in range(nt):
@@ -71,6 +76,7 @@ def _attention_kernel(q, kf, k16, k8, ki8, vf, v16, v8, vi8, code_k, code_v, pos
                         acc[a, j] += w * vt[i, j]
                 s_sum[a] = ssum
                 m[a] = m_new
+            c0 += nt
         for a in range(hpi):
             ssum = s_sum[a]
             sink_scale = np.float32(1.0)
@@ -133,6 +139,7 @@ def attention(q: np.ndarray, layer: KVCacheLayer, positions: np.ndarray, scale: 
         sinks = np.array(sinks, dtype=np.float32).reshape(-1)
         if sinks.shape[0] != n_head or not np.all(np.isfinite(sinks)):
             raise ValueError(f"attention: sinks must be {n_head} finite float32 values, found {sinks.shape[0]}")
+    check_blocks(layer, n_kv)
     if out is None:
         out = np.empty((n_tok, n_head, layer.head_dim_v), dtype=np.float32)
     elif out.shape != (n_tok, n_head, layer.head_dim_v) or out.dtype != np.float32:
@@ -141,7 +148,7 @@ def attention(q: np.ndarray, layer: KVCacheLayer, positions: np.ndarray, scale: 
     _attention_kernel(q, *kv_views(layer.k, layer.type_k), *kv_views(layer.v, layer.type_v),
                       kv_type_code(layer.type_k), kv_type_code(layer.type_v), positions, n_kv, np.float32(scale),
                       int(n_swa), np.float32(softcap), _heads_per_item(n_tok, layer.n_head_kv, n_head), F16_TO_F32,
-                      sinks, out)
+                      sinks, *kernel_table(layer), out)
     return out
 
 
@@ -177,11 +184,13 @@ def attention_seqs(q: np.ndarray, k: np.ndarray, v: np.ndarray, layers: list[KVC
     for layer, (a, b) in zip(layers, spans, strict=True):
         if a == b:
             continue
-        bad = _store_kv(layer.k, layer.v, pos64[a:b], k[a:b], v[a:b], code_k, code_v)
+        bad = _store_kv(layer.k, layer.v, cache_rows(layer, pos64[a:b]), k[a:b], v[a:b], code_k, code_v)
         if bad >= 0:
             raise ValueError(f"kv_store: positions must lie in [0, {layer.n_ctx}), found {pos64[a + bad]}")
+        n_kv = int(pos32[a:b].max()) + 1
+        check_blocks(layer, n_kv)
         _attention_kernel(q[a:b], *kv_views(layer.k, first.type_k), *kv_views(layer.v, first.type_v), code_k,
-                          code_v, pos32[a:b], int(pos32[a:b].max()) + 1, np.float32(scale), int(n_swa),
+                          code_v, pos32[a:b], n_kv, np.float32(scale), int(n_swa),
                           np.float32(0.0), _heads_per_item(b - a, first.n_head_kv, n_head), F16_TO_F32, sinks,
-                          out[a:b])
+                          *kernel_table(layer), out[a:b])
     return out

@@ -67,18 +67,28 @@ def kv_type_code(type_name: str) -> int:
 
 @dataclass(frozen=True)
 class KVCacheLayer:
-    """One layer's cache: k, v uint8 (n_ctx, n_head_kv, row_bytes), ggml-layout rows; cell c = position c."""
+    """One layer's cache: k, v uint8 (rows, n_head_kv, row_bytes), ggml-layout rows. Contiguous (table None): row c
+    holds position c. Paged (a view of a shared pool, hybrid.kv.paged): position c lives in row
+    table[c // block_size] * block_size + c % block_size, table being the sequence's block ids (int32, -1 where no
+    block is allocated yet; its owner fills it in place, so every layer's view sees the same table)."""
 
     type_k: str
     type_v: str
     head_dim_k: int
     head_dim_v: int
-    k: np.ndarray  # uint8 (n_ctx, n_head_kv, kv_row_bytes(type_k, head_dim_k))
-    v: np.ndarray  # uint8 (n_ctx, n_head_kv, kv_row_bytes(type_v, head_dim_v))
+    k: np.ndarray  # uint8 (rows, n_head_kv, kv_row_bytes(type_k, head_dim_k))
+    v: np.ndarray  # uint8 (rows, n_head_kv, kv_row_bytes(type_v, head_dim_v))
+    table: np.ndarray | None = None  # int32 (max blocks of the sequence,): paged; None: contiguous
+    block_size: int = 0
 
     @property
     def n_ctx(self) -> int:
-        return self.k.shape[0]
+        """Positions the layer can address: its rows, or a paged sequence's table times the block size."""
+        return self.k.shape[0] if self.table is None else self.table.shape[0] * self.block_size
+
+    @property
+    def paged(self) -> bool:
+        return self.table is not None
 
     @property
     def n_head_kv(self) -> int:
@@ -99,8 +109,40 @@ def alloc_kv_layer(n_ctx: int, n_head_kv: int, head_dim_k: int, head_dim_v: int 
     return KVCacheLayer(type_k, type_v, head_dim_k, head_dim_v, k, v)
 
 
+IDENTITY_TABLE = np.zeros(1, dtype=np.int32)  # a contiguous cache's table for the kernels (with bs = its rows); never
+# written (writable all the same: the kernels' one table type)
+
+
+def kernel_table(layer: KVCacheLayer) -> tuple[np.ndarray, int]:
+    """(table, bs) of the attention kernel: a paged layer's own, or [0] and its row count (row = position)."""
+    if layer.table is None:
+        return IDENTITY_TABLE, max(1, layer.k.shape[0])
+    return layer.table, layer.block_size
+
+
+def check_blocks(layer: KVCacheLayer, n_kv: int) -> None:
+    """ValueError unless positions [0, n_kv) of a paged layer all have blocks (what attention reads); a contiguous
+    layer: nothing to check."""
+    if layer.table is not None and n_kv and (layer.table[: -(-n_kv // layer.block_size)] < 0).any():
+        raise ValueError(f"attention: positions [0, {n_kv}) of a paged cache are not all in allocated blocks")
+
+
+def cache_rows(layer: KVCacheLayer, positions: np.ndarray) -> np.ndarray:
+    """The rows (int64) that hold `positions` (int64) of a layer: the positions themselves for a contiguous cache; for
+    a paged one through its table, ValueError where a position has no block (or lies past the table)."""
+    if layer.table is None:
+        return positions
+    bs = layer.block_size
+    blk = positions // bs
+    if positions.size and (positions.min() < 0 or blk.max() >= layer.table.shape[0] or
+                           (layer.table[blk] < 0).any()):
+        raise ValueError(f"kv_store: positions must lie in the sequence's allocated blocks (block size {bs}, "
+                         f"{int((layer.table >= 0).sum())} allocated), found {positions.min()}..{positions.max()}")
+    return layer.table[blk].astype(np.int64) * bs + positions % bs
+
+
 def kv_store(layer: KVCacheLayer, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
-    """Write k (n_tok, n_head_kv, head_dim_k) and v (n_tok, n_head_kv, head_dim_v) f32 at cells = positions (n_tok,)."""
+    """Write k (n_tok, n_head_kv, head_dim_k) and v (n_tok, n_head_kv, head_dim_v) f32 at positions (n_tok,)."""
     positions = np.asarray(positions, dtype=np.int64).reshape(-1)
     n_tok = positions.shape[0]
     for name, x, hd in (("k", k, layer.head_dim_k), ("v", v, layer.head_dim_v)):
@@ -108,7 +150,7 @@ def kv_store(layer: KVCacheLayer, positions: np.ndarray, k: np.ndarray, v: np.nd
             raise ValueError(f"kv_store: {name} must be {(n_tok, layer.n_head_kv, hd)}, found {x.shape}")
     # one compiled call checks the cells and stores both (decode stores one row a layer: Python overhead is most
     # of the cost); nothing is written when a position is out of range
-    bad = _store_kv(layer.k, layer.v, positions, np.ascontiguousarray(k, dtype=np.float32),
+    bad = _store_kv(layer.k, layer.v, cache_rows(layer, positions), np.ascontiguousarray(k, dtype=np.float32),
                     np.ascontiguousarray(v, dtype=np.float32), kv_type_code(layer.type_k), kv_type_code(layer.type_v))
     if bad >= 0:
         raise ValueError(f"kv_store: positions must lie in [0, {layer.n_ctx}), found {positions[bad]}")
@@ -173,8 +215,11 @@ def kv_read(layer: KVCacheLayer, start: int, stop: int) -> tuple[np.ndarray, np.
         raise ValueError(f"kv_read: need 0 <= start <= stop <= {layer.n_ctx}, found [{start}, {stop})")
     k = np.empty((stop - start, layer.n_head_kv, layer.head_dim_k), dtype=np.float32)
     v = np.empty((stop - start, layer.n_head_kv, layer.head_dim_v), dtype=np.float32)
-    _dequantize_rows(*kv_views(layer.k[start:stop], layer.type_k), kv_type_code(layer.type_k), F16_TO_F32, k)
-    _dequantize_rows(*kv_views(layer.v[start:stop], layer.type_v), kv_type_code(layer.type_v), F16_TO_F32, v)
+    rows = slice(start, stop) if layer.table is None else cache_rows(layer, np.arange(start, stop, dtype=np.int64))
+    _dequantize_rows(*kv_views(np.ascontiguousarray(layer.k[rows]), layer.type_k), kv_type_code(layer.type_k),
+                     F16_TO_F32, k)
+    _dequantize_rows(*kv_views(np.ascontiguousarray(layer.v[rows]), layer.type_v), kv_type_code(layer.type_v),
+                     F16_TO_F32, v)
     return k, v
 
 

@@ -16,6 +16,7 @@ from hybrid.model.weights import Weight
 
 class CpuBackend:
     name = "cpu"
+    paged_kv = True  # its attention reads a paged cache (hybrid.kv.paged) through the block table
     routing_observer = None  # a model.arch.moe.RoutingObserver (Engine.observe_routing): hears every MoE routing
 
     def __init__(self, fused: bool = True) -> None:
@@ -35,8 +36,10 @@ class CpuBackend:
         (cpu_fused.fusable); else None."""
         if not (self.fused and fusable(spec, lw, x.shape[0])):
             return None
-        if hasattr(kv, "seqs"):  # a ragged batch (kv.batch.KVBatch): attention per sequence, op by op; the layer's
-            self._fused.prepare(spec, cfg, lw, il)  # arguments are still gathered so that its FFN half is fused
+        # a ragged batch (kv.batch.KVBatch): attention per sequence, op by op, as for a paged cache (the one-call
+        # layer reads a contiguous one); the layer's arguments are still gathered so that its FFN half is fused
+        if hasattr(kv, "seqs") or getattr(kv, "paged", False):
+            self._fused.prepare(spec, cfg, lw, il)
             return None
         return self._fused.attention(spec, cfg, lw, il, x, positions, kv, self._tables)
 

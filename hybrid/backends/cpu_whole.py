@@ -56,7 +56,8 @@ class WholeLayers:
         if not 0 < x.shape[0] < GEMM_MIN_TOKENS:
             return None
         if kv is not self._kv:
-            if hasattr(kv, "seqs"):  # a ragged batch: attention per sequence
+            # a ragged batch: attention per sequence; a paged cache: op by op (the one call reads a contiguous one)
+            if hasattr(kv, "seqs") or getattr(kv, "paged", False):
                 return None
             self._kv, self._layers, self._slots, self._key = kv, None, {}, None
         # a new step: its arguments, the thread count among them (read once a step: numba.get_num_threads takes

@@ -61,6 +61,11 @@ def _slots(n: int) -> str:
     return "one slot" if n == 1 else f"{n} slots (continuous batching)"
 
 
+def _paged(state) -> str:
+    kv = getattr(state.scheduler, "kv", None)  # a PagedScheduler's pool
+    return "" if kv is None else f", {kv.pool.n_blocks} blocks of {kv.block_size} for the slots and the prefix cache"
+
+
 @engine_flags(*LOAD_FLAGS)
 @spec_flags
 def serve(
@@ -104,9 +109,8 @@ def serve(
         state.speculator = make_speculator(spec, engine, params, load_engine)
         engine.warmup()
         state.attach(engine)
-        kv = state.prompt_cache.cache
         print(f"hybrid serve: {config.alias} at {http.url}/v1 (chat page {http.url}/), {_slots(n_parallel)} of "
-              f"{kv.n_ctx} tokens (KV cache {format_size(kv.nbytes * n_parallel)}; prompt cache up to "
+              f"{state.n_ctx} tokens (KV cache {format_size(state.kv_bytes)}{_paged(state)}; prompt cache up to "
               f"{format_size(config.cache_ram)} of RAM), "
               f"chat template {state.template.name}{', API key required' if key else ''}"
               f"{'; speculative decoding: ' + spec.kind if state.speculator else ''}; Ctrl-C stops",

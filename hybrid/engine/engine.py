@@ -353,6 +353,7 @@ class Engine:
             )
         if tokens.min() < 0 or tokens.max() >= self.config.n_vocab:
             raise HybridError(f"token id out of range [0, {self.config.n_vocab})")
+        cache.reserve(cache.n_past + n)  # a paged cache takes its blocks now (OutOfBlocks: nothing computed)
 
     def draft_lengths(self, k_max: int) -> tuple[int, ...] | None:
         """The speculative draft lengths worth trying: on a GPU those whose check (the draft and the token before

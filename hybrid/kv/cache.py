@@ -24,6 +24,14 @@ class KVCache:
     def clear(self) -> None:
         self.n_past = 0
 
+    def reserve(self, n_tokens: int) -> None:
+        """Storage for positions [0, n_tokens), asked for before a batch is computed: a contiguous cache has it all
+        from the start (a paged one, kv.paged.PagedCache, takes blocks here)."""
+
+    @property
+    def paged(self) -> bool:
+        return False
+
     @property
     def nbytes(self) -> int:
         return sum(int(layer.nbytes) for layer in self.layers)

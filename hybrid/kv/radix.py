@@ -71,6 +71,21 @@ class RadixCache:
             self.stats.hit_tokens += n
         return n, blocks, node
 
+    def peek(self, tokens) -> int:
+        """The tokens match() would find, without touching the tree (no split, no use, no count)."""
+        tokens = tuple(tokens)
+        node, n = self.root, 0
+        while n + self.bs <= len(tokens):
+            child = node.children.get(tokens[n : n + self.bs])
+            if child is None:
+                break
+            k = self._common_blocks(child.key, tokens[n:])
+            n += k * self.bs
+            if k < len(child.blocks):
+                break
+            node = child
+        return n
+
     def insert(self, tokens, blocks: list[int]) -> RadixNode:
         """Cache the whole blocks of `tokens` (blocks[i] holds tokens[i*bs:(i+1)*bs]); the blocks not cached yet get
         one more reference (the tree's). Returns the node that ends the inserted prefix."""
@@ -120,6 +135,11 @@ class RadixCache:
             if parent is not self.root and not parent.children and not parent.lock:
                 heapq.heappush(heap, (parent.last_use, id(parent), parent))
         return freed
+
+    def evictable(self) -> int:
+        """Blocks evict() could give back to the pool now: those of unlocked nodes that nothing else holds."""
+        return sum(int((self.pool.ref[n.blocks] == 1).sum()) for n in self._nodes()
+                   if n is not self.root and not n.lock)
 
     def _common_blocks(self, key: tuple, tokens: tuple) -> int:
         """Whole blocks at the start of key that tokens repeats."""

@@ -99,7 +99,7 @@ def _deliver(state, sched: BatchScheduler, jobs: dict, ev: Event) -> None:
 
 def _fail(state, sched: BatchScheduler, jobs: dict, key: int, exc: Exception) -> None:
     r = jobs.pop(key)
-    if r.seq in sched.running:
+    if r.seq in sched.running or r.seq in getattr(sched, "preempted", ()):
         sched.release(r.seq)
     state.slots.running = len(jobs)
     r.job.post(Failure(f"{type(exc).__name__}: {exc}"))

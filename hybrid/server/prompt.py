@@ -98,7 +98,7 @@ def completion_prompt(state, req: GenRequest) -> list[int]:
 
 def check_context(state, n_prompt: int, param: str) -> None:
     """400 with the numbers when the prompt leaves no room in the context."""
-    n_ctx = state.prompt_cache.cache.n_ctx
+    n_ctx = state.n_ctx
     if n_prompt >= n_ctx:
         raise BadRequest(f"the prompt is {n_prompt} tokens and the context {n_ctx} (-c), which leaves no room to "
                          "generate; shorten the input or restart the server with a larger -c", param,

@@ -25,7 +25,7 @@ async def health(request: Request):
 async def models(request: Request):
     state = request.app.state.server
     e = state.engine
-    meta = {"n_ctx": state.prompt_cache.cache.n_ctx, "n_ctx_train": e.config.n_ctx_train,
+    meta = {"n_ctx": state.n_ctx, "n_ctx_train": e.config.n_ctx_train,
             "n_vocab": e.tokenizer.n_vocab, "n_embd": e.config.n_embd}
     return JSONResponse({"object": "list", "data": [{"id": state.config.alias, "object": "model",
                                                      "created": state.created, "owned_by": "hybrid", "meta": meta}]})
@@ -34,7 +34,7 @@ async def models(request: Request):
 async def props(request: Request):
     state = request.app.state.server
     return JSONResponse({"model_alias": state.config.alias, "total_slots": state.config.n_parallel,
-                         "n_ctx": state.prompt_cache.cache.n_ctx, "chat_template": state.template.source,
+                         "n_ctx": state.n_ctx, "chat_template": state.template.source,
                          "reasoning_format": state.config.reasoning_format})
 
 
@@ -90,7 +90,7 @@ async def metrics(request: Request):
                                 (pc.cache.n_past if pc and state.slots.running else 0),
                                 "KV cells held by running generations."),
         "kv_cache_tokens": (sum(p.cache.n_past for p in pcs), "Tokens the slots' KV caches hold (kept for reuse)."),
-        "n_ctx": (pc.cache.n_ctx if pc else 0, "A slot's context size in tokens."),
+        "n_ctx": (state.n_ctx if state.ready else 0, "A slot's context size in tokens."),
         "prompt_cache_ram_bytes": (sum(p.saved_bytes for p in pcs), "Host RAM held by saved prompt states."),
         "prompt_cache_ram_limit_bytes": (state.config.cache_ram, "The --cache-ram bound."),
         "prompt_cache_entries": (sum(len(p.saved) for p in pcs), "Saved prompt states."),
@@ -99,6 +99,18 @@ async def metrics(request: Request):
         gauges["prompt_tokens_reused"] = (sched.reused_tokens, "Prompt tokens taken from a cache, not evaluated.")
         gauges["prompt_tokens_copied"] = (sched.copied_tokens, "Of those, K/V rows copied from another slot.")
         gauges["prompt_tokens_evaluated"] = (sched.evaluated_tokens, "Prompt tokens evaluated by the slots.")
+    kv = getattr(sched, "kv", None)
+    if kv is not None:  # the paged cache (server/paged_scheduler.py): its blocks and the radix prefix cache
+        r = sched.radix
+        gauges.update({
+            "kv_blocks_total": (kv.pool.n_blocks, f"KV cache blocks of {kv.block_size} tokens."),
+            "kv_blocks_free": (kv.pool.n_free, "Blocks held by no sequence and not by the prefix cache."),
+            "prefix_cache_queries": (r.stats.queries, "Prefix cache lookups."),
+            "prefix_cache_hits": (r.stats.hits, "Lookups that matched at least one block."),
+            "prefix_cache_hit_tokens": (r.stats.hit_tokens, "Prompt tokens found in the prefix cache."),
+            "prefix_cache_evicted_blocks": (r.stats.evicted_blocks, "Blocks evicted from the prefix cache."),
+            "preemptions": (sched.preemptions, "Sequences stopped for blocks, recomputed later."),
+        })
     return PlainTextResponse(M.render(state.metrics, gauges), media_type="text/plain; version=0.0.4")
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from hybrid.generate.loop import check_fits
 from hybrid.generate.sampling import Sampler, SamplingParams
 from hybrid.generate.timings import Timings
+from hybrid.kv.cache import KVCache
 from hybrid.server.prompt_cache import PromptCache, common_prefix
 
 
@@ -46,25 +47,33 @@ class Request:
 
 @dataclass(eq=False)  # compared by identity (it is found in lists)
 class Seq:
-    """One request in its slot: the prompt part still to evaluate, then one sampled token at a time."""
+    """One request in its slot (or its paged sequence): the prompt part still to evaluate, then one sampled token at
+    a time."""
 
     req: Request
-    slot: "Slot"
-    n_cached: int  # prompt tokens reused from the slot's cache
-    n_done: int  # prompt tokens whose K/V the cache holds
+    slot: "Slot | None"  # None under the paged scheduler (paged_scheduler.py)
+    n_cached: int  # prompt tokens reused from a cache
+    n_done: int  # tokens of `source` whose K/V the cache holds
     sampler: Sampler
     history: list[int]
+    cache: KVCache | None = None  # the KV cache it writes (its slot's, or its paged sequence)
     timings: Timings = field(default_factory=Timings)
     produced: list[int] = field(default_factory=list)
     next_token: int | None = None  # sampled and yielded, not evaluated yet
+    todo: list[int] | None = None  # what to evaluate before sampling again, when not the prompt (a preempted
+    # sequence's prompt and reply, recomputed: paged_scheduler)
+
+    @property
+    def source(self) -> list[int]:
+        return self.req.prompt if self.todo is None else self.todo
 
     @property
     def remaining(self) -> int:
-        return len(self.req.prompt) - self.n_done
+        return len(self.source) - self.n_done
 
     @property
     def cells(self) -> int:
-        return self.slot.pc.cache.n_past
+        return self.cache.n_past
 
 
 @dataclass
@@ -128,7 +137,7 @@ class BatchScheduler:
                 n_cached = slot.pc.copy_from(donor.pc, req.prompt, n)
                 self.copied_tokens += n
         self.reused_tokens += n_cached
-        seq = Seq(req, slot, n_cached, n_cached, Sampler(req.sampling), list(req.prompt))
+        seq = Seq(req, slot, n_cached, n_cached, Sampler(req.sampling), list(req.prompt), slot.pc.cache)
         slot.seq = seq
         self.running.append(seq)
         return seq
@@ -157,52 +166,62 @@ class BatchScheduler:
         sequences are released. Nothing to do: []."""
         if not self.running:
             return []
-        take = plan_step([0 if s.remaining == 0 else s.remaining for s in self.running], self.n_batch)
-        batch, want, who = [], [], []
-        for s, n in zip(self.running, take):
-            if n == 0:
-                continue
-            if s.remaining:
-                tokens = s.req.prompt[s.n_done : s.n_done + n]
-                want.append(s.n_done + n == len(s.req.prompt))
-            else:
-                tokens = [s.next_token]
-                want.append(True)
-            batch.append((tokens, s.slot.pc.cache))
-            who.append(s)
-        t0 = time.perf_counter()
-        logits = self.engine.eval_batch(batch, want)
-        ms = 1000 * (time.perf_counter() - t0)
-        events = []
-        for s, (tokens, _), lg in zip(who, batch, logits):
-            if s.remaining:
-                s.n_done += len(tokens)
-                self.evaluated_tokens += len(tokens)
-                s.timings.prompt_tokens += len(tokens)
-                s.timings.prompt_ms += ms
-            else:
-                s.timings.eval_tokens += 1
-                s.timings.eval_ms += ms
-            if lg is not None:
-                events.append(self._sample(s, lg))
+        take = plan_step([s.remaining for s in self.running], self.n_batch)
+        events = run_step(self.engine, list(zip(self.running, take)), self)
         for ev in events:
             if ev.finish is not None:
                 self.release(ev.seq)
         return events
 
-    def _sample(self, s: Seq, logits: np.ndarray) -> Event:
-        if s.req.n_predict == 0:  # the prompt evaluated, nothing to generate (as generate() with n_predict 0)
-            return Event(s, None, "length", logits)
-        t0 = time.perf_counter()
-        tok = s.sampler.sample(logits, s.history)
-        s.timings.sample_ms += 1000 * (time.perf_counter() - t0)
-        if self.engine.tokenizer.is_eog(tok):
-            s.next_token = None
-            return Event(s, None, "stop", logits)
-        s.produced.append(tok)
-        s.history.append(tok)
-        s.next_token = tok
-        n = s.req.n_predict
-        cache = s.slot.pc.cache
-        finish = "length" if (0 <= n <= len(s.produced) or cache.n_past >= cache.n_ctx) else None
-        return Event(s, tok, finish, logits)
+
+def run_step(engine, work: list[tuple[Seq, int]], counters) -> list[Event]:
+    """One Engine.eval_batch over the sequences' next tokens (n of them each: prompt tokens of `source`, or the
+    one sampled token; n = 0: not this step), then each sequence that reached its last row samples -> its Event.
+    counters.evaluated_tokens counts the prompt tokens evaluated."""
+    batch, want, who = [], [], []
+    for s, n in work:
+        if n == 0:
+            continue
+        if s.remaining:
+            tokens = s.source[s.n_done : s.n_done + n]
+            want.append(s.n_done + n == len(s.source))
+        else:
+            tokens = [s.next_token]
+            want.append(True)
+        batch.append((tokens, s.cache))
+        who.append(s)
+    if not batch:
+        return []
+    t0 = time.perf_counter()
+    logits = engine.eval_batch(batch, want)
+    ms = 1000 * (time.perf_counter() - t0)
+    events = []
+    for s, (tokens, _), lg in zip(who, batch, logits):
+        if s.remaining:
+            s.n_done += len(tokens)
+            counters.evaluated_tokens += len(tokens)
+            s.timings.prompt_tokens += len(tokens)
+            s.timings.prompt_ms += ms
+        else:
+            s.timings.eval_tokens += 1
+            s.timings.eval_ms += ms
+        if lg is not None:
+            events.append(_sample(engine, s, lg))
+    return events
+
+
+def _sample(engine, s: Seq, logits: np.ndarray) -> Event:
+    if s.req.n_predict == 0:  # the prompt evaluated, nothing to generate (as generate() with n_predict 0)
+        return Event(s, None, "length", logits)
+    t0 = time.perf_counter()
+    tok = s.sampler.sample(logits, s.history)
+    s.timings.sample_ms += 1000 * (time.perf_counter() - t0)
+    if engine.tokenizer.is_eog(tok):
+        s.next_token = None
+        return Event(s, None, "stop", logits)
+    s.produced.append(tok)
+    s.history.append(tok)
+    s.next_token = tok
+    n = s.req.n_predict
+    finish = "length" if (0 <= n <= len(s.produced) or s.cache.n_past >= s.cache.n_ctx) else None
+    return Event(s, tok, finish, logits)

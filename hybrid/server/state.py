@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from hybrid.generate.loop import generate
 from hybrid.server.metrics import Metrics
+from hybrid.server.paged_scheduler import PagedScheduler
 from hybrid.server.prompt_cache import PromptCache
 from hybrid.server.scheduler import BatchScheduler
 from hybrid.server.slot import SlotQueue
@@ -38,19 +39,37 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     generate: Callable = generate  # hybrid.generate.loop.generate; tests may script the model's tokens
     speculator: object = None  # hybrid.generate.speculative.Speculator (--spec-type, -md); None: plain decoding
-    scheduler: BatchScheduler | None = None  # -np > 1: the slots and their batching; None: the single slot
+    # -np > 1: the batching over one paged cache (every layer on the CPU) or over a cache a slot; None: one slot
+    scheduler: PagedScheduler | BatchScheduler | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
     def ready(self) -> bool:
         return self.engine is not None
 
+    @property
+    def n_ctx(self) -> int:
+        """A request's context in tokens (-c, or -c / -np with -np > 1)."""
+        if isinstance(self.scheduler, PagedScheduler):
+            return self.scheduler.n_ctx_slot
+        return self.prompt_cache.cache.n_ctx
+
+    @property
+    def kv_bytes(self) -> int:
+        """The KV cache's bytes: the paged pool, or every slot's cache."""
+        if isinstance(self.scheduler, PagedScheduler):
+            return self.scheduler.kv.nbytes
+        return self.prompt_cache.cache.nbytes * self.config.n_parallel
+
     def attach(self, engine) -> None:
-        """The loaded engine: its chat template chosen and the slots' KV caches made (-np N: N caches of n_ctx / N
-        cells; prompt_cache is then the first slot's, which says the per-slot context)."""
+        """The loaded engine: its chat template chosen and the KV caches made (-np N: one paged pool of n_ctx cells
+        when every layer runs on the CPU, else N caches of n_ctx / N cells, prompt_cache then the first slot's)."""
         self.template = choose_template(engine.gguf.metadata, engine.config.arch, self.config.chat_template)
         c = self.config
-        if c.n_parallel > 1:
+        if c.n_parallel > 1 and all(getattr(be, "paged_kv", False) for be in engine.backends):
+            self.scheduler = PagedScheduler(engine, c.n_parallel, engine.params.n_batch,
+                                            engine.params.n_ctx // c.n_parallel, engine.params.n_ctx)
+        elif c.n_parallel > 1:  # GPU layers: a contiguous cache a slot (their attention reads no block table yet)
             self.scheduler = BatchScheduler(engine, c.n_parallel, engine.params.n_batch,
                                             engine.params.n_ctx // c.n_parallel, c.cache_ram)
             self.prompt_cache = self.scheduler.slots[0].pc
