@@ -152,14 +152,27 @@ def attention(q: np.ndarray, layer: KVCacheLayer, positions: np.ndarray, scale: 
     return out
 
 
+def seq_rows(layers: list[KVCacheLayer], spans: list[tuple[int, int]], positions: np.ndarray) -> list:
+    """attention_seqs' `rows`: for each sequence (its layer, its rows [a, b) of the batch) the cache rows its
+    positions go to, its blocks checked (the same for every layer of a model: one table a sequence)."""
+    pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+    out = []
+    for layer, (a, b) in zip(layers, spans, strict=True):
+        if a < b:
+            check_blocks(layer, int(pos[a:b].max()) + 1)
+        out.append(cache_rows(layer, pos[a:b]))
+    return out
+
+
 def attention_seqs(q: np.ndarray, k: np.ndarray, v: np.ndarray, layers: list[KVCacheLayer],
                    spans: list[tuple[int, int]], positions: np.ndarray, scale: float, n_swa: int = 0,
-                   sinks: np.ndarray | None = None) -> np.ndarray:
+                   sinks: np.ndarray | None = None, rows: list | None = None) -> np.ndarray:
     """kv_store then attention for a ragged batch of sequences: rows [a, b) of q (n, n_head, dk), k, v (n, n_head_kv,
     d) and positions belong to the sequence whose cache is layers[i] for spans[i] = (a, b). The compiled kernels are
     called directly, with what the batch shares (checks, codes, views, sinks) done once: for decode steps of several
     sequences the wrappers' Python is most of attention's cost. Each sequence's rows equal kv_store + attention on
-    its own cache, bit for bit."""
+    its own cache, bit for bit. rows: seq_rows' of these layers and positions (a caller's memo for a step's other
+    layers), else computed here."""
     q = np.ascontiguousarray(q, dtype=np.float32)
     k, v = np.ascontiguousarray(k, dtype=np.float32), np.ascontiguousarray(v, dtype=np.float32)
     n, n_head, _ = q.shape
@@ -181,14 +194,15 @@ def attention_seqs(q: np.ndarray, k: np.ndarray, v: np.ndarray, layers: list[KVC
         if sinks.shape[0] != n_head or not np.all(np.isfinite(sinks)):
             raise ValueError(f"attention_seqs: sinks must be {n_head} finite float32 values, found {sinks.shape[0]}")
     out = np.empty((n, n_head, first.head_dim_v), dtype=np.float32)
-    for layer, (a, b) in zip(layers, spans, strict=True):
+    if rows is None:
+        rows = seq_rows(layers, spans, pos64)
+    for layer, (a, b), r in zip(layers, spans, rows, strict=True):
         if a == b:
             continue
-        bad = _store_kv(layer.k, layer.v, cache_rows(layer, pos64[a:b]), k[a:b], v[a:b], code_k, code_v)
+        bad = _store_kv(layer.k, layer.v, r, k[a:b], v[a:b], code_k, code_v)
         if bad >= 0:
             raise ValueError(f"kv_store: positions must lie in [0, {layer.n_ctx}), found {pos64[a + bad]}")
         n_kv = int(pos32[a:b].max()) + 1
-        check_blocks(layer, n_kv)
         _attention_kernel(q[a:b], *kv_views(layer.k, first.type_k), *kv_views(layer.v, first.type_v), code_k,
                           code_v, pos32[a:b], n_kv, np.float32(scale), int(n_swa),
                           np.float32(0.0), _heads_per_item(b - a, first.n_head_kv, n_head), F16_TO_F32, sinks,

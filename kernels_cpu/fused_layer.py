@@ -76,13 +76,14 @@ def attention_half(n_threads, x, eps, attn_norm, qkv, out_proj, empty_w, empty_y
                    biases, has_bias, q_norm, k_norm, has_qk_norm, n_head, n_head_kv, hd_k, hd_v,
                    cos_t, sin_t, n_rot, neox, q_scale, has_q_scale,
                    kv_k, kv_v, code_k, code_v, positions, positions64, n_kv, kq_scale, n_swa, hpi, lut,
-                   post_norm, has_post_norm):
+                   kv_table, kv_bs, post_norm, has_post_norm):
     """The attention block of blocks.layer_forward: rms_norm, q/k/v (+ bias), QK-norm, RoPE, q scale, the KV
     store, attention, the output projection (and gemma3's post-attention norm) -> (n_tok, n_embd) f32.
 
     qkv, out_proj: int_dots' weight tuples; biases (q, k, v) f32 (unused unless has_bias); kv_k/kv_v: the layer's
-    cache as kv_cache.kv_views (f32, u16, u8, i8 views); cos_t/sin_t: rope tables of `positions` (int32; positions64
-    the same as int64, as kv_store passes them)."""
+    cache as kv_cache.kv_views (f32, u16, u8, i8 views) and its (table, bs) (kv_cache.kernel_table); cos_t/sin_t:
+    rope tables of `positions` (int32); positions64: the rows the batch's K/V go to (int64: the positions
+    themselves, or through a paged cache's table: kv_cache.cache_rows)."""
     n_tok = x.shape[0]
     h = _norm(x, attn_norm, eps)
     q = np.empty((n_tok, n_head * hd_k), dtype=np.float32)
@@ -112,8 +113,7 @@ def attention_half(n_threads, x, eps, attn_norm, qkv, out_proj, empty_w, empty_y
     o = np.empty((n_tok, n_head, hd_v), dtype=np.float32)
     attention._attention_kernel(q3, kv_k[0], kv_k[1], kv_k[2], kv_k[3], kv_v[0], kv_v[1], kv_v[2], kv_v[3],
                                 code_k, code_v, positions, n_kv, kq_scale, n_swa, np.float32(0.0), hpi, lut,
-                                np.zeros(0, dtype=np.float32), np.zeros(1, dtype=np.int32),
-                                max(1, kv_k[2].shape[0]), o)  # no softcap, no sinks; a contiguous cache
+                                np.zeros(0, dtype=np.float32), kv_table, kv_bs, o)  # no softcap, no sinks
     a = np.empty((n_tok, out_proj[0][0].shape[0]), dtype=np.float32)
     int_dots(o.reshape((n_tok, n_head * hd_v)), out_proj, (a, empty_y, empty_y), empty_w, empty_y, n_threads)
     if has_post_norm:

@@ -320,7 +320,8 @@ def moe_layer(n_threads, x, cos_t, sin_t, n_rot, positions, positions64, n_kv, h
     a = fused_layer.attention_half(n_threads, x, eps, attn_norm, qkv, out_proj, empty_w, empty_y, biases, has_bias,
                                    q_norm, k_norm, has_qk_norm, n_head, n_head_kv, hd_k, hd_v, cos_t, sin_t, n_rot,
                                    neox, q_scale, has_q_scale, kv_k, kv_v, code_k, code_v, positions, positions64,
-                                   n_kv, kq_scale, n_swa, hpi, lut, q_norm, np.bool_(False))
+                                   n_kv, kq_scale, n_swa, hpi, lut, np.zeros(1, dtype=np.int32),
+                                   max(1, kv_k[2].shape[0]), q_norm, np.bool_(False))  # a contiguous cache
     return moe_ffn_half(n_threads, x, a, eps, ffn_norm, router, n_used, normalize, gate, up, down, empty, glu_op,
                         table)
 

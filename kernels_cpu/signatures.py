@@ -139,7 +139,7 @@ def _kernels() -> tuple[Kernel, ...]:
         Kernel("kernels_cpu.fused_layer", "attention_half",
                (I64, F32_2, F32, RO_F32_1, MATS, MATS, RAW_2, F32_2, nt.UniTuple(RO_F32_1, 3), BOOL, RO_F32_1,
                 RO_F32_1, BOOL, I64, I64, I64, I64, F32_2, F32_2, I64, BOOL, F32, BOOL, nt.Tuple(KV_VIEWS),
-                nt.Tuple(KV_VIEWS), I64, I64, I32_1, I64_1, I64, F32, I64, I64, F32_1, RO_F32_1, BOOL),
+                nt.Tuple(KV_VIEWS), I64, I64, I32_1, I64_1, I64, F32, I64, I64, F32_1, I32_1, I64, RO_F32_1, BOOL),
                ("norm.rms_norm_rows", "fused_layer.int_dots", "rope.rope_apply_rows", "kv_cache._store_kv",
                 "attention._attention_kernel")),
         Kernel("kernels_cpu.fused_layer", "ffn_half",

@@ -29,6 +29,7 @@ class CpuBackend:
         # the same positions, so they are computed once per eval step, not twice a layer; a new batch of
         # positions replaces them
         self._rope_positions = b""
+        self._seq_rows: tuple = (None, None)  # (the ragged batch, its sequences' cache rows): attend_seqs' memo
         self._rope_tables: dict[tuple, rope.RopeTables] = {}
 
     def fused_attention(self, spec, cfg, lw: dict[str, Weight], il: int, x: np.ndarray, positions: np.ndarray, kv):
@@ -36,10 +37,8 @@ class CpuBackend:
         (cpu_fused.fusable); else None."""
         if not (self.fused and fusable(spec, lw, x.shape[0])):
             return None
-        # a ragged batch (kv.batch.KVBatch): attention per sequence, op by op, as for a paged cache (the one-call
-        # layer reads a contiguous one); the layer's arguments are still gathered so that its FFN half is fused
-        if hasattr(kv, "seqs") or getattr(kv, "paged", False):
-            self._fused.prepare(spec, cfg, lw, il)
+        if hasattr(kv, "seqs"):  # a ragged batch (kv.batch.KVBatch): attention per sequence, op by op; the layer's
+            self._fused.prepare(spec, cfg, lw, il)  # arguments are still gathered so that its FFN half is fused
             return None
         return self._fused.attention(spec, cfg, lw, il, x, positions, kv, self._tables)
 
@@ -138,8 +137,10 @@ class CpuBackend:
                     scale: float, n_swa: int, sinks: np.ndarray | None = None) -> np.ndarray:
         """kv_store and attention for a ragged batch (hybrid.kv.batch.KVBatch), each sequence through its own cache,
         in one call (blocks.attend's per-sequence loop without the wrappers' Python for each sequence)."""
-        return attention.attention_seqs(q, k, v, [s.cache.layers[il] for s in kv.seqs],
-                                        [(s.start, s.end) for s in kv.seqs], positions, scale, n_swa, sinks)
+        layers, spans = [s.cache.layers[il] for s in kv.seqs], [(s.start, s.end) for s in kv.seqs]
+        if self._seq_rows[0] is not kv:  # the sequences' cache rows of this step, once for all the layers
+            self._seq_rows = (kv, attention.seq_rows(layers, spans, positions))
+        return attention.attention_seqs(q, k, v, layers, spans, positions, scale, n_swa, sinks, rows=self._seq_rows[1])
 
     def kv_store(self, kv, il: int, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
         kv_cache.kv_store(kv.layers[il], positions, k, v)

@@ -10,7 +10,7 @@ from gguf_io import ModelConfig
 from kernels_cpu import fused_layer
 from kernels_cpu.activations import GELU_F16_TABLE
 from kernels_cpu.attention import _heads_per_item
-from kernels_cpu.kv_cache import F16_TO_F32, kv_type_code, kv_views
+from kernels_cpu.kv_cache import F16_TO_F32, cache_rows, check_blocks, kernel_table, kv_type_code, kv_views
 from kernels_cpu.matmul import _EMPTY_W, _EMPTY_Y, _INT_FAMILIES, GEMM_MIN_TOKENS, _kernel, _prepare
 from kernels_cpu.rope import ROPE_MODES
 
@@ -118,30 +118,35 @@ class FusedLayers:
         finds them)."""
         self._layer(spec, cfg, lw, il)
 
-    def _positions(self, cfg: ModelConfig, positions: np.ndarray, n_ctx: int) -> tuple:
-        """(positions int32, int64, n_kv, threads, heads per item) of a batch, checked against the cache's n_ctx."""
+    def _positions(self, cfg: ModelConfig, positions: np.ndarray, layer) -> tuple:
+        """(positions int32, the rows they go to int64, n_kv, threads, heads per item) of a batch, checked against
+        the cache layer's n_ctx (and a paged layer's blocks: the rows through its table, shared by every layer)."""
         pos = np.ascontiguousarray(positions, dtype=np.int32).reshape(-1)
         n_threads = numba.get_num_threads()  # in the key: `hybrid bench -t 1,2` changes it between steps
-        key = (pos.tobytes(), n_ctx, n_threads)
+        n_ctx = layer.n_ctx
+        key = (pos.tobytes(), n_ctx, n_threads, None if layer.table is None else layer.table.tobytes())
         if self._step and self._step[0] == key:
             return self._step[1]
         if pos.min() < 0 or pos.max() >= n_ctx:
             bad = pos[(pos < 0) | (pos >= n_ctx)][0]
             raise ValueError(f"kv_store: positions must lie in [0, {n_ctx}), found {bad}")
-        shared = (pos, pos.astype(np.int64), int(pos.max()) + 1, n_threads,
+        n_kv = int(pos.max()) + 1
+        check_blocks(layer, n_kv)
+        shared = (pos, cache_rows(layer, pos.astype(np.int64)), n_kv, n_threads,
                   _heads_per_item(pos.shape[0], cfg.n_head_kv, cfg.n_head))
         self._step = (key, shared)
         return shared
 
     def _views(self, kv, il: int) -> tuple:
-        """(k views, v views, k type code, v type code, n_ctx) of layer il of the KV cache kv."""
+        """(k views, v views, k type code, v type code, the layer, (table, bs)) of layer il of the KV cache kv."""
         if self._kv is not kv:
             self._kv, self._kv_views = kv, {}
         layer = kv.layers[il]
         hit = self._kv_views.get(il)
         if hit is None or hit[0] is not layer:
             hit = self._kv_views[il] = (layer, (*kv_views(layer.k, layer.type_k),), (*kv_views(layer.v, layer.type_v),),
-                                        kv_type_code(layer.type_k), kv_type_code(layer.type_v), layer.n_ctx)
+                                        kv_type_code(layer.type_k), kv_type_code(layer.type_v), layer,
+                                        kernel_table(layer))
         return hit[1:]
 
     def attention(self, spec: ArchSpec, cfg: ModelConfig, lw, il: int, x: np.ndarray, positions: np.ndarray, kv,
@@ -153,19 +158,20 @@ class FusedLayers:
         (eps, attn_norm, qkv, out_proj, empty_w, empty_y, biases, has_bias, q_norm, k_norm, has_qk_norm, n_head,
          n_head_kv, hd_k, hd_v, neox, q_scale, has_q_scale, kq_scale, n_swa, lut) = self.layer_args(spec, cfg, lw, il)
         L = self._layer(spec, cfg, lw, il)
+        table, bs = self._views(kv, il)[5]
         return fused_layer.attention_half(
             n_threads, np.ascontiguousarray(x, dtype=np.float32), eps, attn_norm, qkv, out_proj, empty_w, empty_y,
             biases, has_bias, q_norm, k_norm, has_qk_norm, n_head, n_head_kv, hd_k, hd_v, cos, sin, n_rot, neox,
             q_scale, has_q_scale, k_views, v_views, code_k, code_v, pos, pos64, n_kv, kq_scale, n_swa, hpi, lut,
-            L.post_attn, spec.sandwich_norm)
+            table, bs, L.post_attn, spec.sandwich_norm)
 
     def step_args(self, spec: ArchSpec, cfg: ModelConfig, lw, il: int, positions: np.ndarray, kv,
                   rope_tables) -> tuple:
         """What attention_half's arguments take from the batch and the cache: (threads, cos, sin, n_rot, positions
-        int32, int64, n_kv, heads per item, k views, v views, k type code, v type code)."""
+        int32, the rows they go to int64, n_kv, heads per item, k views, v views, k type code, v type code)."""
         L = self._layer(spec, cfg, lw, il)
-        k_views, v_views, code_k, code_v, n_ctx = self._views(kv, il)
-        pos, pos64, n_kv, n_threads, hpi = self._positions(cfg, positions, n_ctx)
+        k_views, v_views, code_k, code_v, layer, _ = self._views(kv, il)
+        pos, pos64, n_kv, n_threads, hpi = self._positions(cfg, positions, layer)
         tables = rope_tables(pos, *L.rope)
         return n_threads, tables.cos, tables.sin, tables.n_rot, pos, pos64, n_kv, hpi, k_views, v_views, code_k, code_v
 

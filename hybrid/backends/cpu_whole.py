@@ -87,7 +87,8 @@ class WholeLayers:
         tail = self._moe.half_args(spec, cfg, lw, 1)
         if tail is None:
             return lw, layer, None, None
-        k_views, v_views, code_k, code_v, n_ctx = self._fused._views(kv, il)
+        k_views, v_views, code_k, code_v, kv_layer, _ = self._fused._views(kv, il)
+        n_ctx = kv_layer.n_ctx
         # (one eps: attention_half's, the layer's own, is the FFN half's too)
         own = (k_views, v_views, code_k, code_v) + self._fused.layer_args(spec, cfg, lw, il) + tail[1:]
         if self._layers is None:
