@@ -9,6 +9,8 @@ denominator after the last tile, as ggml's CPU flash attention adds it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numba
 import numpy as np
 from numba import njit, prange
@@ -22,11 +24,13 @@ NO_SINKS = np.zeros(0, dtype=np.float32)  # the kernel's `sinks` when there are 
 
 @njit(cache=True, fastmath=True, parallel=True)
 def _attention_kernel(q, kf, k16, k8, ki8, vf, v16, v8, vi8, code_k, code_v, positions, n_kv, scale, n_swa,
-                      softcap, hpi, lut, sinks, table, bs, out):
+                      softcap, hpi, lut, sinks, tables, bs, seq_of, out):
     # q (n_tok, n_head, dk) f32; K and V as kv_views of u8 (rows, n_head_kv, row_bytes); positions (n_tok,) int32;
     # sinks (n_head,) f32 or (0,) for none -> out (n_tok, n_head, dv) f32. A work item is (token, kv head, hpi
-    # query heads of its GQA group). Position c lives in row table[c // bs] * bs + c % bs (a paged cache's block
-    # table; a contiguous cache passes table [0] and bs = its rows, so that row = c); a tile never crosses a block.
+    # query heads of its GQA group). Position c of query row t's sequence lives in row
+    # tables[seq_of[t], c // bs] * bs + c % bs (paged caches' block tables, one row a sequence, the sequences sharing
+    # one pool; a contiguous cache passes [[0]], bs = its rows and zeros, so that row = c); a tile never crosses a
+    # block.
     n_tok, n_head, dk = q.shape
     n_head_kv = k8.shape[1]
     group = n_head // n_head_kv  # GQA: query head h reads kv head h // group
@@ -50,7 +54,7 @@ def _attention_kernel(q, kf, k16, k8, ki8, vf, v16, v8, vi8, code_k, code_v, pos
         while c0 <= hi:
             blk = c0 // bs
             nt = min(TILE, hi + 1 - c0, (blk + 1) * bs - c0)
-            row = table[blk] * bs + c0 - blk * bs
+            row = tables[seq_of[t], blk] * bs + c0 - blk * bs
             dequantize_rows_into(kf, k16, k8, ki8, code_k, row, nt, hk, lut, kt)
             dequantize_rows_into(vf, v16, v8, vi8, code_v, row, nt, hk, lut, vt)
             for a in range(hpi):
@@ -148,31 +152,60 @@ def attention(q: np.ndarray, layer: KVCacheLayer, positions: np.ndarray, scale: 
     _attention_kernel(q, *kv_views(layer.k, layer.type_k), *kv_views(layer.v, layer.type_v),
                       kv_type_code(layer.type_k), kv_type_code(layer.type_v), positions, n_kv, np.float32(scale),
                       int(n_swa), np.float32(softcap), _heads_per_item(n_tok, layer.n_head_kv, n_head), F16_TO_F32,
-                      sinks, *kernel_table(layer), out)
+                      sinks, *_one_table(layer, n_tok), out)
     return out
 
 
-def seq_rows(layers: list[KVCacheLayer], spans: list[tuple[int, int]], positions: np.ndarray) -> list:
-    """attention_seqs' `rows`: for each sequence (its layer, its rows [a, b) of the batch) the cache rows its
-    positions go to, its blocks checked (the same for every layer of a model: one table a sequence)."""
+def _one_table(layer: KVCacheLayer, n_tok: int) -> tuple[np.ndarray, int, np.ndarray]:
+    """The kernel's (tables, bs, seq_of) for n_tok rows of one sequence in `layer`."""
+    table, bs = kernel_table(layer)
+    return table.reshape(1, -1), bs, np.zeros(n_tok, dtype=np.int32)
+
+
+@dataclass(frozen=True)
+class BatchRows:
+    """Where a ragged batch's K/V go (attention_seqs' `rows`, the same for every layer of a model: one table a
+    sequence): each sequence's cache rows, and, when the sequences are paged views of one pool whose rows fill the
+    batch in order, what one call for all of them takes: every row's cache row, the tables (a row each, -1 past a
+    table's end) and each batch row's sequence."""
+
+    per_seq: list
+    rows: np.ndarray | None = None
+    tables: np.ndarray | None = None
+    seq_of: np.ndarray | None = None
+
+
+def seq_rows(layers: list[KVCacheLayer], spans: list[tuple[int, int]], positions: np.ndarray) -> BatchRows:
+    """attention_seqs' `rows` for the sequences (their layers, their rows [a, b) of the batch) at `positions`, their
+    blocks checked."""
     pos = np.asarray(positions, dtype=np.int64).reshape(-1)
-    out = []
+    per_seq = []
     for layer, (a, b) in zip(layers, spans, strict=True):
         if a < b:
             check_blocks(layer, int(pos[a:b].max()) + 1)
-        out.append(cache_rows(layer, pos[a:b]))
-    return out
+        per_seq.append(cache_rows(layer, pos[a:b]))
+    first = layers[0]
+    one_pool = first.table is not None and all(x.table is not None and x.k is first.k and x.block_size ==
+                                               first.block_size for x in layers)
+    if not one_pool or [a for a, _ in spans] != [0] + [b for _, b in spans[:-1]] or spans[-1][1] != pos.shape[0]:
+        return BatchRows(per_seq)
+    tables = np.full((len(layers), max(x.table.shape[0] for x in layers)), -1, dtype=np.int32)
+    for i, x in enumerate(layers):
+        tables[i, : x.table.shape[0]] = x.table
+    seq_of = np.repeat(np.arange(len(layers), dtype=np.int32), [b - a for a, b in spans])
+    return BatchRows(per_seq, np.concatenate(per_seq), tables, seq_of)
 
 
 def attention_seqs(q: np.ndarray, k: np.ndarray, v: np.ndarray, layers: list[KVCacheLayer],
                    spans: list[tuple[int, int]], positions: np.ndarray, scale: float, n_swa: int = 0,
-                   sinks: np.ndarray | None = None, rows: list | None = None) -> np.ndarray:
+                   sinks: np.ndarray | None = None, rows: BatchRows | None = None) -> np.ndarray:
     """kv_store then attention for a ragged batch of sequences: rows [a, b) of q (n, n_head, dk), k, v (n, n_head_kv,
     d) and positions belong to the sequence whose cache is layers[i] for spans[i] = (a, b). The compiled kernels are
     called directly, with what the batch shares (checks, codes, views, sinks) done once: for decode steps of several
     sequences the wrappers' Python is most of attention's cost. Each sequence's rows equal kv_store + attention on
     its own cache, bit for bit. rows: seq_rows' of these layers and positions (a caller's memo for a step's other
-    layers), else computed here."""
+    layers), else computed here. Paged sequences of one pool take one store and one attention call for all of them
+    (one parallel region a layer instead of one a sequence; each row's outputs as alone)."""
     q = np.ascontiguousarray(q, dtype=np.float32)
     k, v = np.ascontiguousarray(k, dtype=np.float32), np.ascontiguousarray(v, dtype=np.float32)
     n, n_head, _ = q.shape
@@ -196,7 +229,16 @@ def attention_seqs(q: np.ndarray, k: np.ndarray, v: np.ndarray, layers: list[KVC
     out = np.empty((n, n_head, first.head_dim_v), dtype=np.float32)
     if rows is None:
         rows = seq_rows(layers, spans, pos64)
-    for layer, (a, b), r in zip(layers, spans, rows, strict=True):
+    if rows.tables is not None:  # one pool: one call each
+        bad = _store_kv(first.k, first.v, rows.rows, k, v, code_k, code_v)
+        if bad >= 0:
+            raise ValueError(f"kv_store: positions must lie in [0, {first.n_ctx}), found {pos64[bad]}")
+        _attention_kernel(q, *kv_views(first.k, first.type_k), *kv_views(first.v, first.type_v), code_k, code_v,
+                          pos32, int(pos32.max()) + 1, np.float32(scale), int(n_swa), np.float32(0.0),
+                          _heads_per_item(n, first.n_head_kv, n_head), F16_TO_F32, sinks, rows.tables,
+                          first.block_size, rows.seq_of, out)
+        return out
+    for layer, (a, b), r in zip(layers, spans, rows.per_seq, strict=True):
         if a == b:
             continue
         bad = _store_kv(layer.k, layer.v, r, k[a:b], v[a:b], code_k, code_v)
@@ -206,5 +248,5 @@ def attention_seqs(q: np.ndarray, k: np.ndarray, v: np.ndarray, layers: list[KVC
         _attention_kernel(q[a:b], *kv_views(layer.k, first.type_k), *kv_views(layer.v, first.type_v), code_k,
                           code_v, pos32[a:b], n_kv, np.float32(scale), int(n_swa),
                           np.float32(0.0), _heads_per_item(b - a, first.n_head_kv, n_head), F16_TO_F32, sinks,
-                          *kernel_table(layer), out[a:b])
+                          *_one_table(layer, b - a), out[a:b])
     return out

@@ -113,7 +113,8 @@ def attention_half(n_threads, x, eps, attn_norm, qkv, out_proj, empty_w, empty_y
     o = np.empty((n_tok, n_head, hd_v), dtype=np.float32)
     attention._attention_kernel(q3, kv_k[0], kv_k[1], kv_k[2], kv_k[3], kv_v[0], kv_v[1], kv_v[2], kv_v[3],
                                 code_k, code_v, positions, n_kv, kq_scale, n_swa, np.float32(0.0), hpi, lut,
-                                np.zeros(0, dtype=np.float32), kv_table, kv_bs, o)  # no softcap, no sinks
+                                np.zeros(0, dtype=np.float32), kv_table.reshape((1, kv_table.shape[0])), kv_bs,
+                                np.zeros(n_tok, dtype=np.int32), o)  # no softcap, no sinks; one sequence
     a = np.empty((n_tok, out_proj[0][0].shape[0]), dtype=np.float32)
     int_dots(o.reshape((n_tok, n_head * hd_v)), out_proj, (a, empty_y, empty_y), empty_w, empty_y, n_threads)
     if has_post_norm:
