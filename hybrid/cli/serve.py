@@ -61,9 +61,13 @@ def _slots(n: int) -> str:
     return "one slot" if n == 1 else f"{n} slots (continuous batching)"
 
 
-def _paged(state) -> str:
+def _cache_words(state, cache_ram: int) -> str:
+    """How the KV cache is laid out and where prompts are cached, for the start-up line."""
     kv = getattr(state.scheduler, "kv", None)  # a PagedScheduler's pool
-    return "" if kv is None else f", {kv.pool.n_blocks} blocks of {kv.block_size} for the slots and the prefix cache"
+    if kv is None:
+        return f"KV cache {format_size(state.kv_bytes)}; prompt cache up to {format_size(cache_ram)} of RAM"
+    return (f"paged KV cache {format_size(state.kv_bytes)}: {kv.pool.n_blocks} blocks of {kv.block_size}, shared by "
+            "the slots and the prefix cache")
 
 
 @engine_flags(*LOAD_FLAGS)
@@ -110,8 +114,7 @@ def serve(
         engine.warmup()
         state.attach(engine)
         print(f"hybrid serve: {config.alias} at {http.url}/v1 (chat page {http.url}/), {_slots(n_parallel)} of "
-              f"{state.n_ctx} tokens (KV cache {format_size(state.kv_bytes)}{_paged(state)}; prompt cache up to "
-              f"{format_size(config.cache_ram)} of RAM), "
+              f"{state.n_ctx} tokens ({_cache_words(state, config.cache_ram)}), "
               f"chat template {state.template.name}{', API key required' if key else ''}"
               f"{'; speculative decoding: ' + spec.kind if state.speculator else ''}; Ctrl-C stops",
               flush=True)
