@@ -27,10 +27,15 @@ from kernels_cpu.kv_cache import cache_rows
 DEFAULT_BLOCK_SIZE = 64  # a multiple of the CPU attention's tile (32): whole tiles of a block, as contiguous
 
 
+def supports_paging(backends: list) -> bool:
+    """Whether every layer's backend reads a paged cache (CpuBackend.paged_kv)."""
+    return all(getattr(be, "paged_kv", False) for be in backends)
+
+
 class PagedKV:
     def __init__(self, config: ModelConfig, backends: list, n_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  type_k: str = "f16", type_v: str = "f16"):
-        if not all(getattr(be, "paged_kv", False) for be in backends):
+        if not supports_paging(backends):
             raise HybridError("a paged KV cache needs every layer on the CPU for now (GPU layers keep a cache per "
                               "sequence)")
         self.pool = BlockPool(n_blocks, block_size)

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hybrid.generate.loop import generate
+from hybrid.kv.paged import supports_paging
 from hybrid.server.metrics import Metrics
 from hybrid.server.paged_scheduler import PagedScheduler
 from hybrid.server.prompt_cache import PromptCache
@@ -66,7 +67,7 @@ class ServerState:
         when every layer runs on the CPU, else N caches of n_ctx / N cells, prompt_cache then the first slot's)."""
         self.template = choose_template(engine.gguf.metadata, engine.config.arch, self.config.chat_template)
         c = self.config
-        if c.n_parallel > 1 and all(getattr(be, "paged_kv", False) for be in engine.backends):
+        if c.n_parallel > 1 and supports_paging(engine.backends):
             self.scheduler = PagedScheduler(engine, c.n_parallel, engine.params.n_batch,
                                             engine.params.n_ctx // c.n_parallel, engine.params.n_ctx)
         elif c.n_parallel > 1:  # GPU layers: a contiguous cache a slot (their attention reads no block table yet)

@@ -1,6 +1,7 @@
 """llama-batched-bench's measurement: B sequences of PP prompt tokens each are prefilled together (the -b budget per
 step, as one ragged batch), then decoded together for TG steps of one token per sequence. Random token ids, no
-sampling; each sequence has its own KV cache (Engine.eval_batch); a warm-up test runs first."""
+sampling; each sequence has its own KV cache (Engine.eval_batch: paged sequences of one pool on the CPU, as the
+server's); a warm-up test runs first."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybrid.engine.engine import Engine
+from hybrid.kv.paged import DEFAULT_BLOCK_SIZE, PagedKV, supports_paging
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,20 @@ def _prefill(engine: Engine, prompts: list[np.ndarray], caches: list, n_batch: i
         engine.eval_batch(batch, want)
 
 
+def _caches(engine: Engine, b: int, n_ctx: int) -> list:
+    """b caches of n_ctx cells: paged sequences of one pool, as `hybrid serve -np N` has (llama.cpp's unified KV
+    cache), where every layer reads one (the CPU's); else a contiguous cache each."""
+    if not supports_paging(engine.backends):
+        return [engine.new_cache(n_ctx) for _ in range(b)]
+    p = engine.params
+    kv = PagedKV(engine.config, engine.backends, b * -(-n_ctx // DEFAULT_BLOCK_SIZE), DEFAULT_BLOCK_SIZE, p.type_k,
+                 p.type_v)
+    return [kv.sequence(n_ctx) for _ in range(b)]
+
+
 def run_one(engine: Engine, pp: int, tg: int, b: int, n_batch: int, rng: np.random.Generator) -> BatchedRow:
     vocab = engine.config.n_vocab
-    caches = [engine.new_cache(pp + tg) for _ in range(b)]
+    caches = _caches(engine, b, pp + tg)
     prompts = [rng.integers(0, vocab, pp) for _ in range(b)]
     t0 = time.perf_counter()
     if pp:
