@@ -96,6 +96,29 @@ def test_radix_locks_and_evicts_leaf_first_least_recently_used():
         tree.unlock(z)
 
 
+def test_radix_peek_is_match_without_touching_the_tree_and_evictable_counts_what_evict_frees():
+    pool = BlockPool(32, BS)
+    tree = RadixCache(pool)
+    a = list(range(12))
+    held = pool.alloc(3)
+    tree.insert(a, held)  # a request still holds these (ref 2)
+    b = a[:4] + [50, 51, 52, 53]
+    own = pool.alloc(2)
+    tree.insert(b, own)
+    pool.decref(own)  # only the tree holds b's second block now (ref 1; its first is a's)
+    top = tree.root.children[tuple(a[:4])]
+    queries, clock, n_children = tree.stats.queries, top.last_use, len(top.children)
+    expect = {tuple(a): 12, tuple(a[:7]): 4, tuple(b): 8, tuple(a[:8] + [0] * 4): 8, (9,) * 8: 0, (): 0}
+    for tokens, n in expect.items():
+        assert tree.peek(tokens) == n, tokens
+    assert (tree.stats.queries, top.last_use, len(top.children)) == (queries, clock, n_children)  # untouched
+    assert [tree.match(t)[0] for t in expect] == list(expect.values())  # what match finds (it splits, counts)
+    assert tree.evictable() == 1  # b's own block: a's are shared with the request
+    assert tree.evict(32) == 1 and tree.evictable() == 0
+    pool.decref(held)  # the request ends: the tree alone holds a's blocks
+    assert tree.evictable() == 3 and tree.evict(32) == 3 and pool.n_free == 32
+
+
 def test_no_leak_after_1000_random_requests():
     rng = random.Random(0)
     pool = BlockPool(64, BS)

@@ -122,12 +122,15 @@ class RadixCache:
 
     def evict(self, n_blocks: int) -> int:
         """Free at least n_blocks blocks from unlocked leaves, least recently used first (fewer when everything
-        left is locked); returns how many the pool got back."""
+        left is locked); returns how many the pool got back. A leaf whose blocks all have other holders too (a
+        running sequence's prompt) stays: dropping it would free nothing and lose the entry."""
         heap = [(n.last_use, id(n), n) for n in self._nodes() if not n.children and not n.lock and n is not self.root]
         heapq.heapify(heap)
         freed = 0
         while heap and freed < n_blocks:
             _, _, node = heapq.heappop(heap)
+            if node.blocks and (self.pool.ref[node.blocks] > 1).all():
+                continue
             freed += len(self.pool.decref(node.blocks))
             self.stats.evicted_blocks += len(node.blocks)
             parent = node.parent
@@ -137,7 +140,8 @@ class RadixCache:
         return freed
 
     def evictable(self) -> int:
-        """Blocks evict() could give back to the pool now: those of unlocked nodes that nothing else holds."""
+        """At most the blocks evict() could give back now: those of unlocked nodes that nothing else holds (an
+        upper bound: such a node under a leaf that evict keeps stays too)."""
         return sum(int((self.pool.ref[n.blocks] == 1).sum()) for n in self._nodes()
                    if n is not self.root and not n.lock)
 
