@@ -87,10 +87,6 @@ class KVCacheLayer:
         return self.k.shape[0] if self.table is None else self.table.shape[0] * self.block_size
 
     @property
-    def paged(self) -> bool:
-        return self.table is not None
-
-    @property
     def n_head_kv(self) -> int:
         return self.k.shape[1]
 

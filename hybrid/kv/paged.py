@@ -13,7 +13,6 @@ The CPU's attention kernels read through the table (kernels_cpu.attention); othe
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -41,7 +40,6 @@ class PagedKV:
         self.pool = BlockPool(n_blocks, block_size)
         self.block_size, self.type_k, self.type_v = block_size, type_k, type_v
         self.layers = [_new_layer(be, config, n_blocks * block_size, type_k, type_v) for be in backends]
-        self._ids = itertools.count()
 
     @property
     def nbytes(self) -> int:
@@ -61,14 +59,13 @@ class PagedKV:
         """An empty sequence of at most n_ctx positions (no block taken until it reserves)."""
         table = np.full(-(-n_ctx // self.block_size), -1, dtype=np.int32)
         layers = [replace(layer, table=table, block_size=self.block_size) for layer in self.layers]
-        return PagedCache(n_ctx, self.type_k, self.type_v, layers, pool_of=self, table=table, seq=next(self._ids))
+        return PagedCache(n_ctx, self.type_k, self.type_v, layers, pool_of=self, table=table)
 
 
 @dataclass(eq=False)
 class PagedCache(KVCache):
     pool_of: PagedKV | None = None
     table: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # the layers' shared table
-    seq: int = 0
     blocks: list[int] = field(default_factory=list)  # table[:len(blocks)], as a list
 
     @property

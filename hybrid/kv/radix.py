@@ -50,22 +50,14 @@ class RadixCache:
 
     def match(self, tokens) -> tuple[int, list[int], RadixNode]:
         """(matched tokens, their blocks, the deepest matched node) for the longest cached whole-block prefix."""
-        tokens = tuple(tokens)
         node, blocks, n = self.root, [], 0
         now = next(self._clock)
         self.stats.queries += 1
-        while n + self.bs <= len(tokens):
-            child = node.children.get(tokens[n : n + self.bs])
-            if child is None:
-                break
-            k = self._common_blocks(child.key, tokens[n:])
+        for child, k, whole in self._path(tokens):
             blocks += child.blocks[:k]
             n += k * self.bs
             child.last_use = now
-            if k < len(child.blocks):
-                node = self._split(child, k)
-                break
-            node = child
+            node = child if whole else self._split(child, k)
         if n:
             self.stats.hits += 1
             self.stats.hit_tokens += n
@@ -73,18 +65,24 @@ class RadixCache:
 
     def peek(self, tokens) -> int:
         """The tokens match() would find, without touching the tree (no split, no use, no count)."""
+        return sum(k for _, k, _ in self._path(tokens)) * self.bs
+
+    def _path(self, tokens):
+        """The edges the longest cached whole-block prefix of tokens follows from the root: (child, k, whole) for
+        each, k of its blocks shared, whole when that is all of them (the walk goes on below it, else it ends)."""
         tokens = tuple(tokens)
         node, n = self.root, 0
         while n + self.bs <= len(tokens):
             child = node.children.get(tokens[n : n + self.bs])
             if child is None:
-                break
+                return
             k = self._common_blocks(child.key, tokens[n:])
+            whole = k == len(child.blocks)
+            yield child, k, whole  # (match may split a partly shared child: the walk ends there)
+            if not whole:
+                return
             n += k * self.bs
-            if k < len(child.blocks):
-                break
             node = child
-        return n
 
     def insert(self, tokens, blocks: list[int]) -> RadixNode:
         """Cache the whole blocks of `tokens` (blocks[i] holds tokens[i*bs:(i+1)*bs]); the blocks not cached yet get

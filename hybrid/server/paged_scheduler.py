@@ -21,7 +21,7 @@ from hybrid.kv.blocks import OutOfBlocks
 from hybrid.kv.paged import DEFAULT_BLOCK_SIZE, PagedKV
 from hybrid.kv.radix import RadixCache
 from hybrid.server.prompt_cache import common_prefix
-from hybrid.server.scheduler import MIN_SHARED_WAIT, Event, Request, Seq, plan_step, run_step
+from hybrid.server.scheduler import Event, Request, Seq, plan_step, prefix_in_flight, run_step
 
 
 class PagedScheduler:
@@ -63,13 +63,8 @@ class PagedScheduler:
     def waits_for_prefix(self, prompt: list[int]) -> bool:
         """Whether a request had better wait: a running sequence is still evaluating MIN_SHARED_WAIT or more tokens
         it shares with `prompt` beyond what the tree holds; they enter the tree when its prefill ends."""
-        have = self.radix.peek(prompt[: len(prompt) - 1])
-        for s in self.running:
-            if s.remaining and s.req.cache_prompt:
-                shared = min(common_prefix(prompt, s.source), len(prompt) - 1)
-                if shared - have >= MIN_SHARED_WAIT and s.n_done < shared:
-                    return True
-        return False
+        return prefix_in_flight(prompt, self.radix.peek(prompt[: len(prompt) - 1]),
+                                [s for s in self.running if s.req.cache_prompt])
 
     def release(self, seq: Seq) -> None:
         """The sequence ends (finished or cancelled): its whole blocks join the tree, its references go."""
@@ -88,8 +83,8 @@ class PagedScheduler:
         if not self.running:
             return []
         take = plan_step([s.remaining for s in self.running], self.n_batch)
-        work = [(s, n) for s, n in zip(self.running, take)]
-        for s, n in list(work):
+        work = list(zip(self.running, take))
+        for s, n in work:
             if s in self.running and n:
                 self._reserve(s, s.cells + n)
         work = [(s, n) for s, n in work if s in self.running]

@@ -147,13 +147,8 @@ class BatchScheduler:
         `prompt` (MIN_SHARED_WAIT tokens or more beyond what any slot holds now). Admitted once those rows exist, it
         copies them from that slot (admit) instead of evaluating them a second time, and the wait is no longer
         than that prefill: N clients sending one system prompt at once evaluate it once."""
-        have = max((common_prefix(prompt, s.held()) for s in self.slots), default=0)
-        for s in self.running:
-            if s.remaining:
-                shared = min(common_prefix(prompt, s.req.prompt), len(prompt) - 1)
-                if shared - have >= MIN_SHARED_WAIT and s.n_done < shared:
-                    return True
-        return False
+        return prefix_in_flight(prompt, max((common_prefix(prompt, s.held()) for s in self.slots), default=0),
+                                self.running)
 
     def release(self, seq: Seq) -> None:
         """The sequence leaves its slot (finished or cancelled); the slot keeps its tokens for prefix reuse."""
@@ -172,6 +167,17 @@ class BatchScheduler:
             if ev.finish is not None:
                 self.release(ev.seq)
         return events
+
+
+def prefix_in_flight(prompt: list[int], have: int, running: list[Seq]) -> bool:
+    """Whether one of the running sequences is still evaluating MIN_SHARED_WAIT or more tokens it shares with
+    `prompt` beyond the `have` tokens of it a cache holds now (waits_for_prefix of both schedulers)."""
+    for s in running:
+        if s.remaining:
+            shared = min(common_prefix(prompt, s.source), len(prompt) - 1)
+            if shared - have >= MIN_SHARED_WAIT and s.n_done < shared:
+                return True
+    return False
 
 
 def run_step(engine, work: list[tuple[Seq, int]], counters) -> list[Event]:
