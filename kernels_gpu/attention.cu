@@ -12,6 +12,9 @@
 // the partial (max, sum, acc) go to a workspace and attn_combine merges them (flash-decoding).
 // chunk <= 0 asks for a dynamic split: chunk = max(-chunk, ceil(n_eff / n_splits)) with n_eff read from the
 // positions on the device, so a CUDA graph captured once (grid fixed by the cache size) serves every position.
+// Paged caches (tables != nullptr): key c of token t lives in cell kv_cell(tables, s, tbl_w, bs, c), s = seq_of[t]
+// (0 without seq_of). With seq_of the tokens may belong to different sequences (a ragged decode batch): each token
+// attends to its own sequence's keys up to its position, and a dynamic split sizes its chunks from that position.
 
 #define ATT_WARPS 4
 
@@ -81,7 +84,9 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u8*
                                           float* __restrict__ out, float* __restrict__ part_ms,
                                           float* __restrict__ part_acc, int n_head, int n_head_kv, int code_k,
                                           int code_v, int rbk, int rbv, int n_kv, int chunk, int n_splits,
-                                          float scale, int n_swa, const float* __restrict__ sinks) {
+                                          float scale, int n_swa, const float* __restrict__ sinks,
+                                          const i32* __restrict__ tables, const i32* __restrict__ seq_of, int tbl_w,
+                                          int bs) {
     constexpr int D = 32 * E;
     constexpr int U = E >= 8 ? 2 : 4;  // keys a warp has in flight
     __shared__ float s_m[ATT_WARPS][HPC], s_s[ATT_WARPS][HPC];
@@ -96,9 +101,11 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u8*
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
     if (chunk <= 0) {  // dynamic split (graph replays): the keys in use follow the positions on the device
-        const int n_eff = min(n_kv, pos[gridDim.z - 1] + 1);  // positions ascend: the last token sees the most
+        // one sequence: positions ascend, the last token sees the most; a ragged batch: each token its own
+        const int n_eff = min(n_kv, (seq_of ? pos[t] : pos[gridDim.z - 1]) + 1);
         chunk = max(-chunk, (n_eff + n_splits - 1) / n_splits);
     }
+    const int sq = seq_of ? seq_of[t] : 0;
     const int p = pos[t];
     const int lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
     const int hi = min(p, n_kv - 1) + 1;  // exclusive
@@ -135,7 +142,7 @@ __device__ __forceinline__ void attn_body(const float* __restrict__ q, const u8*
         float kr[U][E], vr[U][E];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int cc = min(c + u, c1 - 1);  // a valid row; masked below
+            const long long cc = kv_cell(tables, sq, tbl_w, bs, min(c + u, c1 - 1));  // a valid row; masked below
             load_row<E>(code_k, kbase + (size_t)cc * kstride, lane, kr[u]);
             load_row<E>(code_v, vbase + (size_t)cc * vstride, lane, vr[u]);
         }
@@ -250,13 +257,14 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ms, const
         const i32* __restrict__ pos, float* __restrict__ out, float* __restrict__ part_ms,                    \
         float* __restrict__ part_acc, int n_head, int n_head_kv, int code_k, int code_v, int rbk, int rbv,    \
         int n_kv, int chunk, int n_splits, float scale, int n_swa, int indirect,                               \
-        const float* __restrict__ sinks) {                                                                    \
+        const float* __restrict__ sinks, const i32* __restrict__ tables, const i32* __restrict__ seq_of,      \
+        int tbl_w, int bs) {                                                                                  \
         if (indirect) { /* kc, vc: slots holding the cache's addresses (graph replays over another cache) */  \
             kc = *(const u8* const*)kc;                                                                       \
             vc = *(const u8* const*)vc;                                                                       \
         }                                                                                                     \
         attn_body<E, HPC>(q, kc, vc, pos, out, part_ms, part_acc, n_head, n_head_kv, code_k, code_v, rbk, rbv, \
-                          n_kv, chunk, n_splits, scale, n_swa, sinks);                                        \
+                          n_kv, chunk, n_splits, scale, n_swa, sinks, tables, seq_of, tbl_w, bs);             \
     }
 
 // One kernel per compiled module: attention.py builds the module with -DATT_E=E -DATT_HPC=HPC for the variant a
@@ -274,7 +282,8 @@ ATTN_ENTRY_X(ATT_E, ATT_HPC)
 // threads of a row by shuffles), writes its probabilities to shared memory and accumulates rows ty*4.. x columns
 // tx*4 + 64 j of P V in fp32 registers. The key range of a CTA is the union of its rows' masks; each score is masked
 // by its own row's (causal, sliding window). CTAs are issued last row tile first (the most keys, when positions
-// ascend). Sums run in another order than attn_e*'s (fp32 either way).
+// ascend). Sums run in another order than attn_e*'s (fp32 either way). A paged cache: every row is of the one
+// sequence whose block table `tables` is (key c in cell kv_cell(tables, 0, 0, bs, c)).
 #ifdef ATTP_D
 #define ATTP_BQ 64
 #define ATTP_BK 64
@@ -320,7 +329,8 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
                                                   const u8* __restrict__ vc, const i32* __restrict__ pos,
                                                   float* __restrict__ out, int n_tok, int n_head, int n_head_kv,
                                                   int code_k, int code_v, int rbk, int rbv, int n_kv, float scale,
-                                                  int n_swa, const float* __restrict__ sinks) {
+                                                  int n_swa, const float* __restrict__ sinks,
+                                                  const i32* __restrict__ tables, int bs) {
     constexpr int BQ = ATTP_BQ, BK = ATTP_BK, NJ = D / 64, PS = BK + 4;  // PS: sP row stride
     constexpr int KREG = D * BK > BQ * PS ? D * BK : BQ * PS;
     extern __shared__ float4 attp_smem4[];
@@ -390,7 +400,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
             const int c = c0 + kk;
             float v[8];
             if (c < kmax) {
-                load_chunk8(code_k, kbase + (size_t)c * kstride, d0, v);
+                load_chunk8(code_k, kbase + (size_t)kv_cell(tables, 0, 0, bs, c) * kstride, d0, v);
             } else {
 #pragma unroll
                 for (int j = 0; j < 8; ++j) v[j] = 0.0f;
@@ -403,7 +413,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
             const int c = c0 + kk;
             float v[8];
             if (c < kmax) {
-                load_chunk8(code_v, vbase + (size_t)c * vstride, d0, v);
+                load_chunk8(code_v, vbase + (size_t)kv_cell(tables, 0, 0, bs, c) * vstride, d0, v);
             } else {
 #pragma unroll
                 for (int j = 0; j < 8; ++j) v[j] = 0.0f;  // zeros, not stale values: p = 0 times NaN is NaN
@@ -516,13 +526,13 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
         const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,                      \
         const i32* __restrict__ pos, float* __restrict__ out, int n_tok, int n_head, int n_head_kv, int code_k, \
         int code_v, int rbk, int rbv, int n_kv, float scale, int n_swa, int indirect,                          \
-        const float* __restrict__ sinks) {                                                                      \
+        const float* __restrict__ sinks, const i32* __restrict__ tables, int bs) {                              \
         if (indirect) {                                                                                         \
             kc = *(const u8* const*)kc;                                                                         \
             vc = *(const u8* const*)vc;                                                                         \
         }                                                                                                       \
         attn_prefill_body<D>(q, kc, vc, pos, out, n_tok, n_head, n_head_kv, code_k, code_v, rbk, rbv, n_kv,     \
-                             scale, n_swa, sinks);                                                              \
+                             scale, n_swa, sinks, tables, bs);                                                  \
     }
 #define ATTP_ENTRY_X(D, MINB) ATTP_ENTRY(D, MINB)
 ATTP_ENTRY_X(ATTP_D, (ATTP_D <= 128 ? 2 : 1))

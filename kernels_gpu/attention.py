@@ -3,14 +3,15 @@
 The keys are split across CTAs when (tokens x kv heads) alone would leave the GPU idle (decode), and the splits'
 partial softmax states are merged by attn_combine (flash-decoding). Batches of PREFILL_MIN_TOK tokens or more
 go to attn_prefill_d* (64-row query tiles x 64-key tiles in shared memory) when head_dim allows it. Every kernel
-takes optional attention sinks (gpt-oss: one logit per query head in the softmax's denominator).
+takes optional attention sinks (gpt-oss: one logit per query head in the softmax's denominator), and paged caches
+(kv_cache.PagedArgs: the keys read through block tables; a ragged batch of several sequences in the decode kernel).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .kv_cache import GpuKVCacheLayer, kv_type_code
+from .kv_cache import NO_TABLES, GpuKVCacheLayer, PagedArgs, kv_type_code
 from .matmul import q8_empty
 from .module import get_kernel
 
@@ -49,15 +50,17 @@ def _heads_per_cta(group: int, e: int) -> int:
 
 def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_swa: int = 0, out=None,
               target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK, dynamic: bool = False,
-              slots: tuple[int, int] | None = None, prefill: bool | None = None, sinks=None):
+              slots: tuple[int, int] | None = None, prefill: bool | None = None, sinks=None,
+              paged: PagedArgs | None = None):
     """See attention_q8 (this is its output alone)."""
     return attention_q8(q, layer, positions, n_kv, scale, n_swa, out, target_ctas, min_chunk, dynamic, slots,
-                        prefill, sinks)[0]
+                        prefill, sinks, paged=paged)[0]
 
 
 def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_swa: int = 0, out=None,
                  target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK, dynamic: bool = False,
-                 slots: tuple[int, int] | None = None, prefill: bool | None = None, sinks=None, q8: bool = False):
+                 slots: tuple[int, int] | None = None, prefill: bool | None = None, sinks=None, q8: bool = False,
+                 paged: PagedArgs | None = None):
     """q (n_tok, n_head, head_dim) f32 (cupy) at positions (cupy int32 (n_tok,)) over cache cells [0, n_kv)
     -> (n_tok, n_head, head_dim) f32: softmax(scale q.k) v with causal and sliding-window (n_swa > 0) masks.
     The batch's own K/V must be stored first. head_dim_k must equal head_dim_v (a multiple of 32, <= 256).
@@ -70,7 +73,9 @@ def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, 
     copied over) or None: head h's weights are exp(s) / (sum exp(s') + exp(sinks[h])).
     Returns (out, q8_out): q8_out, where q8 is asked and the keys were split (attn_combine runs), is the output's
     8-bit quantization ((xq, xm) as quantize_q8_1's of out as (n_tok, n_head * head_dim), written by attn_combine),
-    else None."""
+    else None. paged: the keys through block tables (layer.k / layer.v the pool; n_kv at most the tables' width
+    times the block size); with paged.seq_of the tokens may be of several sequences, each attending to its own
+    keys (the decode kernel only: a prefill kernel's tile holds one sequence)."""
     import cupy  # noqa: PLC0415
 
     if not isinstance(q, cupy.ndarray) or q.dtype != cupy.float32 or q.ndim != 3:
@@ -84,8 +89,9 @@ def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, 
     n_head_kv = layer.n_head_kv
     if n_head % n_head_kv:
         raise ValueError(f"attention: n_head ({n_head}) must be a multiple of n_head_kv ({n_head_kv})")
-    if not 0 <= n_kv <= layer.n_ctx:
-        raise ValueError(f"attention: n_kv must lie in [0, {layer.n_ctx}], found {n_kv}")
+    n_ctx = layer.n_ctx if paged is None else paged.width * paged.block_size
+    if not 0 <= n_kv <= n_ctx:
+        raise ValueError(f"attention: n_kv must lie in [0, {n_ctx}], found {n_kv}")
     if sinks is None:
         sink_ptr = np.uint64(0)  # nullptr: the plain softmax
     else:
@@ -99,10 +105,13 @@ def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, 
         return out, None
     i32 = np.int32
     kc, vc = (layer.k, layer.v) if slots is None else (np.uint64(slots[0]), np.uint64(slots[1]))
+    ragged = paged is not None and paged.seq_of is not None
+    tables = NO_TABLES if paged is None else paged.args()
     if prefill is None:
-        prefill = 0 < PREFILL_MIN_TOK <= n_tok and not dynamic and d in ATTP_D
-    elif prefill and d not in ATTP_D:
-        raise ValueError(f"attention: the prefill kernel needs head_dim in {ATTP_D}, found {d}")
+        prefill = 0 < PREFILL_MIN_TOK <= n_tok and not dynamic and d in ATTP_D and not ragged
+    elif prefill and (d not in ATTP_D or ragged):
+        raise ValueError(f"attention: the prefill kernel needs head_dim in {ATTP_D} and one sequence, found {d}"
+                         f"{' and a ragged batch' if ragged else ''}")
     if prefill:
         fn, smem = _prefill_kernel(d)
         group = n_head // n_head_kv
@@ -110,7 +119,7 @@ def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, 
         fn((n_tiles, n_head_kv), (ATTP_THREADS,),
            (q, kc, vc, positions, out, i32(n_tok), i32(n_head), i32(n_head_kv), i32(kv_type_code(layer.type_k)),
             i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]), i32(layer.v.shape[2]), i32(n_kv),
-            np.float32(scale), i32(n_swa), i32(slots is not None), sink_ptr), shared_mem=smem)
+            np.float32(scale), i32(n_swa), i32(slots is not None), sink_ptr, tables[0], tables[3]), shared_mem=smem)
         return out, None
     e = d // 32
     group = n_head // n_head_kv
@@ -134,7 +143,7 @@ def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, 
        (q, kc, vc, positions, out, part_ms, part_acc, i32(n_head), i32(n_head_kv),
         i32(kv_type_code(layer.type_k)), i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]),
         i32(layer.v.shape[2]), i32(n_kv), i32(chunk), i32(n_splits), np.float32(scale), i32(n_swa),
-        i32(slots is not None), sink_ptr))
+        i32(slots is not None), sink_ptr, *tables))
     if n_splits == 1:
         return out, None
     null = np.uint64(0)

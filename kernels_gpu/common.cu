@@ -13,6 +13,12 @@ typedef unsigned long long u64;
 #define WARP 32
 #define NEG_INF (__int_as_float(0xff800000))
 
+// The KV-cache cell of position p of sequence s: through a paged cache's block tables (n_seq, tbl_w) of block ids,
+// cell tables[s][p / bs] * bs + p % bs; without tables (nullptr, a contiguous cache) the cell is p.
+__device__ __forceinline__ long long kv_cell(const i32* __restrict__ tables, int s, int tbl_w, int bs, int p) {
+    return tables ? (long long)tables[(long long)s * tbl_w + p / bs] * bs + p % bs : (long long)p;
+}
+
 // IEEE half bits -> float32 (exact)
 __device__ __forceinline__ float h2f(u16 h) {
     float f;

@@ -1,7 +1,8 @@
 """Per-token GPU work replayed as CUDA graphs (CuPy stream capture), with static inputs and eager fallback.
 
 A step is a Python function `fn(x, pos, slots) -> cupy array` that launches kernels only: x (1, n) float32 is
-the hidden state, pos (1,) int32 the position, slots (2 L,) uint64 the addresses of the L KV-cache layers it
+the hidden state, pos (1,) int32 the position (or the int32 values the caller passes: a ragged batch's positions,
+sequences and block tables), slots (2 L,) uint64 the addresses of the L KV-cache layers it
 writes (kv_cache.kv_store / attention read them on the device). All three live in one device buffer per graph
 that a single asynchronous copy from pinned memory fills before each run, so the graph captured once per key
 (shapes, never values or cache addresses) is replayed for every token and every cache of that shape.
@@ -55,7 +56,7 @@ class HostBreakError(HybridError, RuntimeError):
 @dataclass
 class _Entry:
     pool: object  # cupy.cuda.MemoryPool private to this key: its scratch is never handed to other code
-    inbuf: object  # cupy uint8: [x float32 (1, n) | pos int32 | slots uint64 (2 L)], filled by one copy
+    inbuf: object  # cupy uint8: [x float32 (1, n) | pos int32 (n_ints,) | slots uint64 (2 L)], filled by one copy
     x: object
     pos: object
     slots: object
@@ -137,26 +138,29 @@ class GraphRunner:
             setattr(self, f"_h_{which}", buf)
         return buf[:nbytes]
 
-    def _new_entry(self, x_shape: tuple[int, ...], n_slots: int) -> _Entry:
+    def _new_entry(self, x_shape: tuple[int, ...], n_slots: int, n_ints: int) -> _Entry:
         cp = self._cp
         nx = int(np.prod(x_shape)) * 4
         off_pos = _align(nx)
-        off_slots = off_pos + 256
+        off_slots = off_pos + _align(4 * n_ints)
         end = off_slots + 8 * max(n_slots, 1)
         inbuf = cp.zeros(end, dtype=cp.uint8)
         return _Entry(cp.cuda.MemoryPool(), inbuf, inbuf[:nx].view(cp.float32).reshape(x_shape),
-                      inbuf[off_pos:off_pos + 4].view(cp.int32), inbuf[off_slots:end].view(cp.uint64), n_slots)
+                      inbuf[off_pos:off_pos + 4 * n_ints].view(cp.int32), inbuf[off_slots:end].view(cp.uint64),
+                      n_slots)
 
     # ---- one step
-    def run(self, key, fn, x: np.ndarray, position: int, slot_ptrs: list[int]) -> np.ndarray:
-        """fn's result for hidden state x (host, (1, n) float32) at `position`, with the KV-cache addresses
-        slot_ptrs in the slots; key names everything shape-relevant of fn (its graph is reused for equal keys)."""
+    def run(self, key, fn, x: np.ndarray, position, slot_ptrs: list[int]) -> np.ndarray:
+        """fn's result for hidden state x (host, (1, n) float32) at `position` (an int, or an int32 array that fn
+        reads as its pos), with the KV-cache addresses slot_ptrs in the slots; key names everything shape-relevant
+        of fn (its graph is reused for equal keys)."""
         cp = self._cp
         x = np.ascontiguousarray(x, dtype=np.float32)
-        key = (key, x.shape, len(slot_ptrs))
+        ints = np.ascontiguousarray(np.atleast_1d(np.asarray(position, dtype=np.int32)).reshape(-1))
+        key = (key, x.shape, len(slot_ptrs), ints.size)
         e = self._entries.get(key)
         if e is None:
-            e = self._entries[key] = self._new_entry(x.shape, len(slot_ptrs))
+            e = self._entries[key] = self._new_entry(x.shape, len(slot_ptrs), ints.size)
             while len(self._entries) > self.max_graphs:
                 _, old = self._entries.popitem(last=False)
                 old.graph = old.out = None
@@ -172,7 +176,7 @@ class GraphRunner:
         h = self._pinned(e.inbuf.nbytes, "in")
         h[: x.nbytes] = x.reshape(-1).view(np.uint8)
         off_pos = e.pos.data.ptr - e.inbuf.data.ptr
-        h[off_pos:off_pos + 4] = np.array([position], dtype=np.int32).view(np.uint8)
+        h[off_pos:off_pos + ints.nbytes] = ints.view(np.uint8)
         if e.n_slots:
             off_slots = e.slots.data.ptr - e.inbuf.data.ptr
             h[off_slots:off_slots + 8 * e.n_slots] = np.asarray(slot_ptrs, dtype=np.uint64).view(np.uint8)

@@ -140,7 +140,7 @@ def test_engine_shares_a_prompt_prefix_and_batches_paged_sequences(engine):
     assert kv.pool.n_free == 8
 
 
-def test_reserve_is_all_or_nothing_and_gpu_layers_are_refused(engine):
+def test_reserve_is_all_or_nothing_and_backends_without_tables_are_refused(engine):
     kv = PagedKV(engine.config, engine.backends, n_blocks=2, block_size=64)
     seq = kv.sequence(512)
     with pytest.raises(OutOfBlocks):
@@ -150,5 +150,5 @@ def test_reserve_is_all_or_nothing_and_gpu_layers_are_refused(engine):
     class NoPaging:
         paged_kv = False
 
-    with pytest.raises(HybridError, match="every layer on the CPU"):
+    with pytest.raises(HybridError, match="read block tables"):
         PagedKV(engine.config, [NoPaging()] * engine.config.n_layer, n_blocks=2)

@@ -21,6 +21,7 @@ _MOE_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 
 class GpuBackend:
     name = "gpu"
+    paged_kv = True  # kv_store and attention read a paged cache (hybrid.kv.paged) through block tables
     routing_observer = None  # a model.arch.moe.RoutingObserver (Engine.observe_routing): hears every MoE routing
 
     def __init__(self, device: int = 0) -> None:
@@ -37,6 +38,8 @@ class GpuBackend:
         self.use_graphs = True  # decode_step: capture and replay CUDA graphs (False: eager launches, reported)
         self._graphs = None  # kernels_gpu.graph.GraphRunner, made at the first decode_step
         self._slots: dict[int, tuple[int, int]] = {}  # during a decode step: layer -> device slots of its k, v
+        self._paged = None  # during a decode step over paged caches: its kv_cache.PagedArgs (device tables)
+        self._tables: tuple = (None, None)  # (host tables and seq_of bytes, their PagedArgs): eager steps' memo
         self._q8_memo = None  # (x, its quantize_q8_1): the last one-token input quantized for a q8 matvec
         self._yarn: dict[tuple, tuple] = {}  # rope arguments -> (device angle factors, magnitude) for YaRN
         # GPU layers whose routed experts stay in host memory (-ot, --n-cpu-moe): backends/host_experts.py
@@ -77,7 +80,7 @@ class GpuBackend:
             return Weight(weight.name, weight.type_name, weight.shape, cp.empty(shape, dtype=dtype))
 
     # ---- decode steps as CUDA graphs
-    def decode_step(self, key, kv_layers: dict, fn, x: np.ndarray, position: int) -> np.ndarray:
+    def decode_step(self, key, kv_layers: dict, fn, x: np.ndarray, position: int, paged=None) -> np.ndarray:
         """One decode token (or a speculative check's few) through a run of layers on this GPU: fn(x, positions)
         -> cupy array launches the work (x (n, n_embd) float32 and positions (n,) int32 on the device, from
         `position` on; layer il's cache is kv_layers[il]).
@@ -86,19 +89,35 @@ class GpuBackend:
         memory; the work is captured as a CUDA graph at the second call of a key (shape-relevant: the run of
         layers, the cache's shape and types) and replayed from then on, for any position and any cache of that
         shape; eager launches when use_graphs is False or capture is impossible (graph_report() says why).
+        paged: for paged caches (kv_layers are views of pools), (positions (n,), seq_of (n,), tables (n_seq, w),
+        block_size) on the host: the rows' positions, sequences and the sequences' block tables cross with x and
+        serve the step's kv_store and attention (a ragged decode batch: one token of each of n sequences).
         Returns fn's result on the host."""
         from kernels_gpu.graph import GraphRunner  # noqa: PLC0415
+
+        from kernels_gpu.kv_cache import PagedArgs  # noqa: PLC0415
 
         ils = sorted(kv_layers)
         layers = [kv_layers[il] for il in ils]
         sig = (tuple(ils), tuple(layer.graph_key for layer in layers))
         ptrs = [p for layer in layers for p in layer.ptrs]
+        if paged is not None:
+            pos_h, seq_h, tab_h, bs = paged
+            n, shape = len(pos_h), tab_h.shape
+            sig += (("paged", shape, bs),)
+            position = np.concatenate([pos_h, seq_h, tab_h.reshape(-1)]).astype(np.int32)
 
         def step(xd, pos, slots):
+            if paged is not None:  # positions, sequences and tables from the step's inputs; the pools' addresses
+                self._paged = PagedArgs(pos[2 * n:].reshape(shape), pos[n:2 * n], bs)  # are the graph's own
+                try:
+                    return fn(xd, pos[:n])
+                finally:
+                    self._paged = None
             base = slots.data.ptr
             self._slots = {il: (base + 16 * j, base + 16 * j + 8) for j, il in enumerate(ils)}
-            n = xd.shape[0]  # a speculative check's tokens sit at pos, pos + 1, ... (computed on the device)
-            positions = pos if n == 1 else pos + self._cupy.arange(n, dtype=self._cupy.int32)
+            n_tok = xd.shape[0]  # a speculative check's tokens sit at pos, pos + 1, ... (computed on the device)
+            positions = pos if n_tok == 1 else pos + self._cupy.arange(n_tok, dtype=self._cupy.int32)
             try:
                 return fn(xd, positions)
             finally:
@@ -302,12 +321,16 @@ class GpuBackend:
 
         layer = kv.layers[il]
         if isinstance(positions, self._cupy.ndarray):  # a decode step: the engine checked the position
-            kv_store(layer, positions, self._dev(k), self._dev(v), self._slots.get(il))
+            if self._paged is not None:
+                kv_store(layer, positions, self._dev(k), self._dev(v), paged=self._paged)
+            else:
+                kv_store(layer, positions, self._dev(k), self._dev(v), self._slots.get(il))
             return
         p = np.asarray(positions)
         if p.size and (int(p.min()) < 0 or int(p.max()) >= layer.n_ctx):
             raise ValueError(f"kv_store: positions must lie in [0, {layer.n_ctx}), found [{p.min()}, {p.max()}]")
-        kv_store(layer, self._positions(positions), self._dev(k), self._dev(v))
+        paged = self._one_table(layer, p)
+        kv_store(layer, self._positions(positions), self._dev(k), self._dev(v), paged=paged)
 
     def attention(self, q, kv, il: int, positions, scale: float, n_swa: int, sinks=None):
         from kernels_gpu.attention import attention, attention_q8  # noqa: PLC0415
@@ -318,8 +341,13 @@ class GpuBackend:
             # a decode step: the grid follows the cache size, the kernel reads the keys in use from the positions;
             # one row's output is quantized to 8 bits where the splits are merged, for the output projection
             qd = self._dev(q)
-            out, q8 = attention_q8(qd, layer, positions, layer.n_ctx, scale, n_swa, dynamic=True,
-                                   slots=self._slots.get(il), q8=qd.shape[0] == 1, **extra)
+            paged = self._paged
+            if paged is not None:
+                extra["paged"] = paged
+            n_kv = layer.n_ctx if paged is None else paged.width * paged.block_size
+            out, q8 = attention_q8(qd, layer, positions, n_kv, scale, n_swa, dynamic=True,
+                                   slots=None if paged is not None else self._slots.get(il), q8=qd.shape[0] == 1,
+                                   **extra)
             if q8 is not None:
                 self._q8_memo = (out, q8)
             return out
@@ -327,7 +355,75 @@ class GpuBackend:
         if p.size and int(p.min()) < 0:
             raise ValueError(f"attention: positions must be >= 0, found {p.min()}")
         n_kv = int(p.max()) + 1 if p.size else 0
-        return attention(self._dev(q), layer, self._positions(positions), n_kv, scale, n_swa, **extra)
+        paged = self._one_table(layer, p)
+        return attention(self._dev(q), layer, self._positions(positions), n_kv, scale, n_swa, paged=paged, **extra)
+
+    def attend_seqs(self, kv, il: int, q, k, v, positions, scale: float, n_swa: int, sinks=None):
+        """kv_store and attention for a ragged batch (hybrid.kv.batch.KVBatch) whose sequences are paged views of
+        one pool: one store and one attention launch for all of them (a sequence of PREFILL_MIN_TOK rows or more
+        makes it a launch a sequence, each taking the tiled prefill kernel where it can). None for other batches
+        (blocks.attend then stores and attends sequence by sequence)."""
+        from kernels_gpu.attention import PREFILL_MIN_TOK, attention  # noqa: PLC0415
+        from kernels_gpu.kv_cache import kv_store  # noqa: PLC0415
+
+        paged = self._paged
+        if paged is not None:  # a decode step: its tables are inputs of the graph
+            self.kv_store(kv.seqs[0].cache, il, k, v, positions)
+            return self.attention(q, kv.seqs[0].cache, il, positions, scale, n_swa, sinks)
+        layers = [s.cache.layers[il] for s in kv.seqs]
+        rows = self._batch_rows(kv, layers, positions)
+        if rows is None:
+            return None
+        paged, spans = rows
+        layer, p = layers[0], np.asarray(positions)
+        kd, vd, qd = self._dev(k), self._dev(v), self._dev(q)
+        pos = self._positions(p)
+        kv_store(layer, pos, kd, vd, paged=paged)
+        extra = {} if sinks is None else {"sinks": self._dev(sinks)}
+        if max(b - a for a, b in spans) < PREFILL_MIN_TOK:
+            return attention(qd, layer, pos, int(p.max()) + 1, scale, n_swa, paged=paged, **extra)
+        out = self._cupy.empty((qd.shape[0], qd.shape[1], vd.shape[2]), dtype=self._cupy.float32)
+        for s, (a, b) in enumerate(spans):
+            if a < b:
+                attention(qd[a:b], layer, pos[a:b], int(p[a:b].max()) + 1, scale, n_swa, out=out[a:b],
+                          paged=paged.one(s), **extra)
+        return out
+
+    def _batch_rows(self, kv, layers, positions):
+        """(PagedArgs of the batch's tables and rows' sequences on the device, the sequences' row spans) where kv's
+        sequences are paged views of one pool filling the batch in order, else None; made once a step (the
+        layers share the tables) and kept while they come back the same."""
+        from kernels_cpu.attention import seq_rows  # noqa: PLC0415 - the host side of the CPU's one-call batches
+        from kernels_gpu.kv_cache import PagedArgs  # noqa: PLC0415
+
+        spans = [(s.start, s.end) for s in kv.seqs]
+        if layers[0].table is None:
+            return None
+        rows = seq_rows(layers, spans, np.asarray(positions))  # checks every position's block
+        if rows.tables is None:
+            return None
+        key = ("batch", rows.tables.shape, rows.tables.tobytes(), rows.seq_of.tobytes())
+        if self._tables[0] != key:
+            self._no_capture("block tables from the host")
+            cp = self._cupy
+            self._tables = (key, PagedArgs(cp.asarray(rows.tables), cp.asarray(rows.seq_of), layers[0].block_size))
+        return self._tables[1], spans
+
+    def _one_table(self, layer, positions: np.ndarray):
+        """A paged layer's table on the device (PagedArgs of one sequence), its blocks for `positions` checked;
+        None for a contiguous layer."""
+        if layer.table is None:
+            return None
+        from kernels_cpu.kv_cache import check_blocks  # noqa: PLC0415
+        from kernels_gpu.kv_cache import PagedArgs  # noqa: PLC0415
+
+        if positions.size:
+            check_blocks(layer, int(positions.max()) + 1)  # every key's block exists
+        key = ("one", layer.table.tobytes())
+        if self._tables[0] != key:
+            self._no_capture("a block table from the host")
+            self._tables = (key, PagedArgs(self._cupy.asarray(layer.table.reshape(1, -1)), None, layer.block_size))
+        return self._tables[1]
 
     def take_rows(self, x, rows: np.ndarray):
         """x[rows] as a contiguous (len(rows), n) cupy array; rows is a host int64 array."""

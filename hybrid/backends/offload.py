@@ -60,7 +60,8 @@ class OffloadBackend:
         self.cpu.kv_store(kv, il, self.gpu.to_host(k), self.gpu.to_host(v), positions)
 
     def attention(self, q, kv, il: int, positions, scale: float, n_swa: int, sinks=None):
-        """Attention over the host cache: cells [0, max(positions)] uploaded as they are (same ggml rows)."""
+        """Attention over the host cache: positions [0, max(positions)] uploaded as they are (same ggml rows; a paged
+        cache's gathered through its table)."""
         layer = kv.layers[il]
         p = np.asarray(positions)
         extra = {} if sinks is None else {"sinks": sinks}  # no sinks: the calls as they always were
@@ -69,11 +70,14 @@ class OffloadBackend:
                 extra["sinks"] = self.gpu.to_host(sinks)
             o = self.cpu.attention(self.gpu.to_host(q), kv, il, positions, scale, n_swa, **extra)
             return self.gpu.from_host(o)
+        from kernels_cpu.kv_cache import cache_rows  # noqa: PLC0415
         from kernels_gpu.kv_cache import GpuKVCacheLayer  # noqa: PLC0415
 
         n_kv = int(p.max()) + 1 if p.size else 0
-        dev = GpuKVCacheLayer(layer.type_k, layer.type_v, layer.head_dim_k, layer.head_dim_v,
-                              self.gpu.from_host(layer.k[:n_kv]), self.gpu.from_host(layer.v[:n_kv]))
+        rows = slice(0, n_kv) if layer.table is None else cache_rows(layer, np.arange(n_kv, dtype=np.int64))
+        dev = GpuKVCacheLayer(layer.type_k, layer.type_v, layer.head_dim_k, layer.head_dim_v,  # positions' rows,
+                              self.gpu.from_host(np.ascontiguousarray(layer.k[rows])),  # in order (paged:
+                              self.gpu.from_host(np.ascontiguousarray(layer.v[rows])))  # gathered through the table)
         return self.gpu.attention(q, SimpleNamespace(layers={il: dev}), il, positions, scale, n_swa, **extra)
 
     @staticmethod

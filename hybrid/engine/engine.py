@@ -286,7 +286,7 @@ class Engine:
         self._check(tokens, cache)
         # one token, or a speculative check's few with every row wanted: GPU runs replayed as CUDA graphs
         if self._graphs and (n == 1 or (n <= GRAPH_MAX_TOKENS and logits_from == 0)):
-            logits = self._decode(tokens, cache)  # (n, n_vocab)
+            logits = self._decode(tokens, [cache], [n])  # (n, n_vocab)
             cache.n_past += n
             return logits[-1] if logits_from is None else logits
         first = n - 1 if logits_from is None else logits_from
@@ -309,7 +309,9 @@ class Engine:
         cache at most once. Everything but attention runs once over the stacked rows (the matmuls read each weight
         once for the whole batch), attention per sequence through its own cache (hybrid.kv.batch). Returns, per
         sequence, the last token's logits (n_vocab,) float32, or None where want[i] is False. A single sequence
-        takes eval's path (fused forms, CUDA graphs); several run op by op on the GPU, eagerly."""
+        takes eval's path (fused forms, CUDA graphs); a decode step of up to GRAPH_MAX_TOKENS paged sequences of
+        one pool (a token each) runs through the GPU's decode graphs, one per batch size; other batches run op by
+        op on the GPU, eagerly."""
         want = [True] * len(seqs) if want is None else list(want)
         if len({id(c) for _, c in seqs}) != len(seqs):
             raise HybridError("eval_batch: a KV cache appears twice in one batch")
@@ -319,6 +321,12 @@ class Engine:
         if len(seqs) == 1:
             logits = self.eval(toks[0], seqs[0][1])
             return [logits if want[0] else None]
+        caches = [c for _, c in seqs]
+        if self._graphs and len(seqs) <= GRAPH_MAX_TOKENS and all(len(t) == 1 for t in toks) and _one_pool(caches):
+            logits = self._decode(np.concatenate(toks), caches, [1] * len(seqs))
+            for c in caches:
+                c.n_past += 1
+            return [logits[i] if want[i] else None for i in range(len(seqs))]
         out: list[np.ndarray | None] = [None] * len(seqs)
         for piece in _ubatches([len(t) for t in toks], self.params.n_ubatch):  # [(seq, first, end)] per ubatch
             caches = [seqs[i][1] for i, _, _ in piece]
@@ -437,14 +445,23 @@ class Engine:
         logits = be.to_host(forward.head(be, self.config, output, output_norm, be.from_host(h)))  # (n, n_vocab)
         return forward.softcap(self.config, logits)
 
-    def _decode(self, tokens: np.ndarray, cache: KVCache) -> np.ndarray:
+    def _decode(self, tokens: np.ndarray, caches: list[KVCache], lengths: list[int]) -> np.ndarray:
         """A token (or a speculative check's few, GRAPH_MAX_TOKENS at most) at positions cache.n_past.. through the
-        layers and the output layer -> logits (n, n_vocab). Each run of layers on a GPU (with the output layer when
-        it follows them there) is one decode_step of its backend: the hidden states cross to the GPU once, the run
-        replays as a CUDA graph (one per batch size)."""
+        layers and the output layer -> logits (n, n_vocab); or, with several caches (paged, of one pool), one token
+        of each, stacked (a ragged decode batch). Each run of layers on a GPU (with the output layer when it follows
+        them there) is one decode_step of its backend: the hidden states cross to the GPU once, the run replays as
+        a CUDA graph (one per batch size); paged caches send their positions and block tables with them."""
         cfg, spec, w = self.config, self.spec, self.weights
         x = forward.embed(self.cpu, spec, cfg, w, np.asarray(tokens, dtype=np.int64))  # (n, n_embd) on the host
-        n = x.shape[0]
+        cache = caches[0]
+        positions = np.concatenate([np.arange(c.n_past, c.n_past + k, dtype=np.int32)
+                                    for c, k in zip(caches, lengths, strict=True)])
+        kv = cache if len(caches) == 1 else KVBatch.of(caches, lengths)
+        paged = None
+        if cache.paged:
+            seq_of = np.repeat(np.arange(len(caches), dtype=np.int32), lengths)
+            tables = np.stack([c.table for c in caches]).astype(np.int32)
+            paged = (positions, seq_of, tables, cache.pool_of.block_size)
         runs = [[be, a, b, False] for a, b, be in _runs(self.backends)]  # [backend, first, end, with the output]
         if runs and runs[-1][0] is self.output_backend:
             runs[-1][3] = True
@@ -452,8 +469,8 @@ class Engine:
             runs.append([self.output_backend, cfg.n_layer, cfg.n_layer, True])
 
         def run_fn(be, a: int, b: int, with_output: bool):
-            def run(h, positions):
-                h = forward.layers(spec, cfg, w, self.backends, range(a, b), h, positions, cache)
+            def run(h, pos):
+                h = forward.layers(spec, cfg, w, self.backends, range(a, b), h, pos, kv)
                 return forward.head(be, cfg, w.output, w.output_norm, h) if with_output else h
             return run
 
@@ -461,9 +478,9 @@ class Engine:
             run = run_fn(be, a, b, with_output)
             if hasattr(be, "decode_step"):
                 x = be.decode_step((a, b, with_output), {il: cache.layers[il] for il in range(a, b)}, run, x,
-                                   cache.n_past)
+                                   cache.n_past, paged=paged)
             else:
-                x = run(x, np.arange(cache.n_past, cache.n_past + n, dtype=np.int32))
+                x = run(x, positions)
         return forward.softcap(cfg, x)
 
 
@@ -483,6 +500,13 @@ def _ubatches(lengths: list[int], ub: int) -> list[list[tuple[int, int, int]]]:
             room -= b - a
             a = b
     return out
+
+
+def _one_pool(caches: Sequence[KVCache]) -> bool:
+    """Whether the caches are paged sequences of one pool (hybrid.kv.paged) with tables of one width."""
+    first = caches[0]
+    return first.paged and all(c.paged and c.pool_of is first.pool_of and c.table.shape == first.table.shape
+                               for c in caches)
 
 
 def _runs(backends: list) -> list[tuple[int, int, object]]:

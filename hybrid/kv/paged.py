@@ -8,7 +8,9 @@ before computing (blocks.OutOfBlocks, nothing allocated, when the pool is short)
 another holds (`adopt`: a prompt prefix found in the prefix cache, radix.RadixCache): they are shared, one more
 reference each, never written again (the sequence writes from the first position past them, a block boundary).
 
-The CPU's attention kernels read through the table (kernels_cpu.attention); other backends are refused for now.
+The CPU's and the GPU's kernels read through the table (kernels_cpu.attention; kernels_gpu.attention, which takes
+the tables on the device); a split model's CPU and GPU layers share one table per sequence, each layer's pool on its
+own device. Backends without `paged_kv` are refused.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ DEFAULT_BLOCK_SIZE = 64  # a multiple of the CPU attention's tile (32): whole ti
 
 
 def supports_paging(backends: list) -> bool:
-    """Whether every layer's backend reads a paged cache (CpuBackend.paged_kv)."""
+    """Whether every layer's backend reads a paged cache (CpuBackend.paged_kv, GpuBackend.paged_kv)."""
     return all(getattr(be, "paged_kv", False) for be in backends)
 
 
@@ -35,8 +37,7 @@ class PagedKV:
     def __init__(self, config: ModelConfig, backends: list, n_blocks: int, block_size: int = DEFAULT_BLOCK_SIZE,
                  type_k: str = "f16", type_v: str = "f16"):
         if not supports_paging(backends):
-            raise HybridError("a paged KV cache needs every layer on the CPU for now (GPU layers keep a cache per "
-                              "sequence)")
+            raise HybridError("a paged KV cache needs backends that read block tables (the CPU's and the GPU's)")
         self.pool = BlockPool(n_blocks, block_size)
         self.block_size, self.type_k, self.type_v = block_size, type_k, type_v
         self.layers = [_new_layer(be, config, n_blocks * block_size, type_k, type_v) for be in backends]
@@ -51,9 +52,14 @@ class PagedKV:
         pos = np.arange(start, stop, dtype=np.int64)
         for a, b in zip(src.layers, dst.layers, strict=True):
             rs, rd = cache_rows(a, pos), cache_rows(b, pos)
-            a.k[rd] = a.k[rs]
-            if a.v is not a.k:
-                a.v[rd] = a.v[rs]
+            if isinstance(a.k, np.ndarray):
+                a.k[rd] = a.k[rs]
+                if a.v is not a.k:
+                    a.v[rd] = a.v[rs]
+            else:  # a GPU layer's pool
+                from kernels_gpu.kv_cache import copy_cells  # noqa: PLC0415
+
+                copy_cells(a, rs, rd)
 
     def sequence(self, n_ctx: int) -> "PagedCache":
         """An empty sequence of at most n_ctx positions (no block taken until it reserves)."""

@@ -40,7 +40,7 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     generate: Callable = generate  # hybrid.generate.loop.generate; tests may script the model's tokens
     speculator: object = None  # hybrid.generate.speculative.Speculator (--spec-type, -md); None: plain decoding
-    # -np > 1: the batching over one paged cache (every layer on the CPU) or over a cache a slot; None: one slot
+    # -np > 1: the batching over one paged cache (backends that read block tables) or a cache a slot; None: one
     scheduler: PagedScheduler | BatchScheduler | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -64,13 +64,14 @@ class ServerState:
 
     def attach(self, engine) -> None:
         """The loaded engine: its chat template chosen and the KV caches made (-np N: one paged pool of n_ctx cells
-        when every layer runs on the CPU, else N caches of n_ctx / N cells, prompt_cache then the first slot's)."""
+        where every layer's backend reads block tables (the CPU's, the GPU's), else N caches of n_ctx / N cells,
+        prompt_cache then the first slot's)."""
         self.template = choose_template(engine.gguf.metadata, engine.config.arch, self.config.chat_template)
         c = self.config
         if c.n_parallel > 1 and supports_paging(engine.backends):
             self.scheduler = PagedScheduler(engine, c.n_parallel, engine.params.n_batch,
                                             engine.params.n_ctx // c.n_parallel, engine.params.n_ctx)
-        elif c.n_parallel > 1:  # GPU layers: a contiguous cache a slot (their attention reads no block table yet)
+        elif c.n_parallel > 1:  # a backend without block tables: a contiguous cache a slot
             self.scheduler = BatchScheduler(engine, c.n_parallel, engine.params.n_batch,
                                             engine.params.n_ctx // c.n_parallel, c.cache_ram)
             self.prompt_cache = self.scheduler.slots[0].pc

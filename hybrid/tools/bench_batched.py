@@ -61,7 +61,7 @@ def _prefill(engine: Engine, prompts: list[np.ndarray], caches: list, n_batch: i
 
 def _caches(engine: Engine, b: int, n_ctx: int) -> list:
     """b caches of n_ctx cells: paged sequences of one pool, as `hybrid serve -np N` has (llama.cpp's unified KV
-    cache), where every layer reads one (the CPU's); else a contiguous cache each."""
+    cache), where every layer's backend reads block tables (the CPU's, the GPU's); else a contiguous cache each."""
     if not supports_paging(engine.backends):
         return [engine.new_cache(n_ctx) for _ in range(b)]
     p = engine.params

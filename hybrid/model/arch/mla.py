@@ -14,6 +14,7 @@ import numpy as np
 
 from gguf_io import ModelConfig
 
+from hybrid.model.arch.attend import attend
 from hybrid.model.weights import Weight
 
 
@@ -43,8 +44,8 @@ def mla_attention(be, cfg: ModelConfig, lw: dict[str, Weight], il: int, h, posit
     key = be.zeros((n, 1, rank + n_rot))
     key[:, 0, :rank] = c
     key[:, :, rank:] = k_pe
-    be.kv_store(kv, il, key, key, positions)  # the value row is the key row (one storage: kv.cache)
-    o = be.attention(q_abs, kv, il, positions, cfg.f_attention_scale, 0)[:, :, :rank]  # (n, n_head, rank)
+    # the value row is the key row (one storage); kv: a cache, or a ragged batch's (attend: through each sequence's)
+    o = attend(be, kv, il, q_abs, key, key, positions, cfg.f_attention_scale, 0)[:, :, :rank]  # (n, n_head, rank)
 
     v_b = lw["attn_v_b"]  # (n_head, v_mla, rank)
     out = be.zeros((n, n_head * v_mla))

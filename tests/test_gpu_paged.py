@@ -1,0 +1,208 @@
+"""Paged KV caches on the GPU (kernels_gpu.kv_cache.PagedArgs, hybrid.kv.paged): kv_store and attention through
+block tables equal the contiguous cache's bit for bit (f16, q8_0, q4_0, blocks out of order; the decode kernel and
+the tiled prefill kernel), a ragged batch of sequences in one decode launch equals each sequence alone, and the
+engine's paged sequences equal contiguous caches: one alone (prefill and decode graphs), a decode batch of several
+through the decode graphs (one launch a layer for their attention), a split model whose CPU and GPU layers share a
+table, and the paged scheduler serving requests with its blocks all back afterwards.
+
+Tolerances: the same kernels over the same keys give identical floats (asserted equal). A ragged launch splits the
+keys across CTAs by its own token count, so its sums run in another order: rtol 1e-5. A decode batch multiplies
+float activations (the matvec of several tokens) where one token takes 8-bit activations (quantize_q8_1 + dp4a), as
+llama.cpp's CUDA backend does too, so batch-vs-alone logits are compared at 5% of the largest logit, and the top-1
+token where the alone run's top-2 gap is clear (> 0.1)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+cupy = pytest.importorskip("cupy")
+
+from hybrid.engine import Engine, EngineParams  # noqa: E402
+from hybrid.kv.paged import PagedKV  # noqa: E402
+from hybrid.server.paged_scheduler import PagedScheduler  # noqa: E402
+from hybrid.server.scheduler import Request  # noqa: E402
+from hybrid.generate.sampling import SamplingParams  # noqa: E402
+from hybrid.tools.synth.model import ModelShape, make_model  # noqa: E402
+from kernels_gpu.attention import attention  # noqa: E402
+from kernels_gpu.kv_cache import PagedArgs, alloc_kv_layer, kv_store  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+SHAPE = ModelShape(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=1024)
+GREEDY = SamplingParams(temp=0.0)
+BATCH_RTOL = 0.05  # of the largest logit: float vs 8-bit activations in the matvecs
+CLEAR_GAP = 0.1  # a top-1 compared only where the reference's top-2 are this far apart
+
+
+def _pool_and_table(type_kv, n_head_kv, d, bs, n_blocks, n_pos, rng):
+    pool = alloc_kv_layer(n_blocks * bs, n_head_kv, d, d, type_kv, type_kv)
+    table = rng.permutation(n_blocks)[: -(-n_pos // bs)].astype(np.int32)  # blocks out of order
+    return pool, table
+
+
+def _cells(table, bs, n):
+    p = np.arange(n)
+    return table[p // bs].astype(np.int64) * bs + p % bs
+
+
+@pytest.mark.parametrize("type_kv", ["f16", "q8_0", "q4_0"])
+@pytest.mark.parametrize("bs", [16, 64])
+def test_paged_store_and_attention_equal_contiguous(type_kv, bs):
+    rng = np.random.default_rng(3)
+    n_head, n_head_kv, d, n = 8, 2, 128, 150
+    contiguous = alloc_kv_layer(256, n_head_kv, d, d, type_kv, type_kv)
+    pool, table = _pool_and_table(type_kv, n_head_kv, d, bs, 24, 256, rng)
+    paged = PagedArgs(cupy.asarray(table.reshape(1, -1)), None, bs)
+    k = cupy.asarray(rng.standard_normal((n, n_head_kv, d), dtype=np.float32))
+    v = cupy.asarray(rng.standard_normal((n, n_head_kv, d), dtype=np.float32))
+    pos = cupy.arange(n, dtype=cupy.int32)
+    kv_store(contiguous, pos, k, v)
+    kv_store(pool, pos, k, v, paged=paged)
+    cells = cupy.asarray(_cells(table, bs, n))
+    assert bool((pool.k[cells] == contiguous.k[:n]).all()) and bool((pool.v[cells] == contiguous.v[:n]).all())
+    view = replace(pool, table=table, block_size=bs)
+    for n_q, prefill in ((1, False), (4, False), (40, True), (40, False)):
+        q = cupy.asarray(rng.standard_normal((n_q, n_head, d), dtype=np.float32))
+        qp = cupy.arange(n - n_q, n, dtype=cupy.int32)
+        want = attention(q, contiguous, qp, n, 0.1, prefill=prefill)
+        got = attention(q, view, qp, n, 0.1, prefill=prefill, paged=paged)
+        assert bool((got == want).all()), (n_q, prefill)
+        swa = attention(q, view, qp, n, 0.1, n_swa=50, prefill=prefill, paged=paged)  # a window inside a block
+        assert bool((swa == attention(q, contiguous, qp, n, 0.1, n_swa=50, prefill=prefill)).all())
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_ragged_decode_batch_in_one_launch_equals_each_sequence_alone(dynamic):
+    rng = np.random.default_rng(4)
+    n_head, n_head_kv, d, bs = 8, 2, 64, 32
+    lengths = [5, 70, 33, 129]
+    pool = alloc_kv_layer(40 * bs, n_head_kv, d, d, "q8_0", "q8_0")
+    perm = rng.permutation(40).astype(np.int32)
+    width = 6
+    tables = np.full((len(lengths), width), -1, dtype=np.int32)
+    alone, keys = [], []
+    start = 0
+    for s, n in enumerate(lengths):
+        nb = -(-n // bs)
+        tables[s, :nb] = perm[start:start + nb]
+        start += nb
+        k = cupy.asarray(rng.standard_normal((n, n_head_kv, d), dtype=np.float32))
+        v = cupy.asarray(rng.standard_normal((n, n_head_kv, d), dtype=np.float32))
+        keys.append((k, v))
+        c = alloc_kv_layer(width * bs, n_head_kv, d, d, "q8_0", "q8_0")
+        kv_store(c, cupy.arange(n, dtype=cupy.int32), k, v)
+        alone.append(c)
+    paged = PagedArgs(cupy.asarray(tables), cupy.arange(len(lengths), dtype=cupy.int32), bs)
+    # the sequences' keys but their last, a sequence at a time; then every last one in one ragged store
+    for s, n in enumerate(lengths):
+        k, v = keys[s]
+        kv_store(pool, cupy.arange(n - 1, dtype=cupy.int32), k[:-1], v[:-1], paged=paged.one(s))
+    last = cupy.asarray(np.array([n - 1 for n in lengths], dtype=np.int32))
+    kv_store(pool, last, cupy.concatenate([k[-1:] for k, _ in keys]), cupy.concatenate([v[-1:] for _, v in keys]),
+             paged=paged)
+    for s, n in enumerate(lengths):
+        cells = cupy.asarray(_cells(tables[s], bs, n))
+        assert bool((pool.k[cells] == alone[s].k[:n]).all()), s
+    q = cupy.asarray(rng.standard_normal((len(lengths), n_head, d), dtype=np.float32))
+    n_kv = width * bs if dynamic else max(lengths)
+    got = cupy.asnumpy(attention(q, pool, last, n_kv, 0.125, dynamic=dynamic, paged=paged))
+    for s, n in enumerate(lengths):
+        want = cupy.asnumpy(attention(q[s:s + 1], alone[s], last[s:s + 1], n, 0.125))
+        np.testing.assert_allclose(got[s:s + 1], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("gpupaged") / "llama-q4_k_m.gguf"
+    make_model(path, "llama", SHAPE, "Q4_K_M", seed=23, threads=4)
+    return path
+
+
+@pytest.fixture(scope="module", params=["all", 2], ids=["ngl-all", "ngl-2"])
+def engine(request, model):
+    e = Engine.load(model, EngineParams(n_ctx=512, n_batch=512, n_ubatch=512, n_gpu_layers=request.param))
+    yield e
+    e.close()
+
+
+def _scrambled_pool(engine, n_blocks, bs=32):
+    """A pool whose free list is out of order (blocks taken and given back), so tables are not 0, 1, 2, ..."""
+    kv = PagedKV(engine.config, engine.backends, n_blocks, bs, engine.params.type_k, engine.params.type_v)
+    held = [kv.sequence(bs * n_blocks) for _ in range(3)]
+    for i, s in enumerate(held):
+        s.reserve(bs * (i + 2))
+    held[1].release()
+    return kv, held
+
+
+def test_a_paged_sequence_gives_the_contiguous_caches_logits(engine):
+    kv, _ = _scrambled_pool(engine, 32)
+    seq, ref = kv.sequence(256), engine.new_cache(256)
+    prompt = [int(t) for t in np.random.default_rng(6).integers(3, SHAPE.n_vocab, 45)]
+    a, b = engine.eval(prompt, seq), engine.eval(prompt, ref)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
+    for _ in range(8):  # decode steps: the second and later replay a CUDA graph (the table crosses with x)
+        t = int(np.argmax(b))
+        a, b = engine.eval([t], seq), engine.eval([t], ref)
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
+    assert seq.n_past == ref.n_past == len(prompt) + 8
+
+
+def _close(got, want):
+    scale = float(np.abs(want).max())
+    assert float(np.abs(got - want).max()) <= BATCH_RTOL * scale
+    top2 = np.sort(want)[-2:]
+    if float(top2[1] - top2[0]) > CLEAR_GAP:
+        assert int(np.argmax(got)) == int(np.argmax(want))
+
+
+def test_a_decode_batch_through_the_graphs_gives_each_sequence_its_own_logits(engine):
+    rng = np.random.default_rng(7)
+    kv, _ = _scrambled_pool(engine, 64)
+    prompts = [[int(t) for t in rng.integers(3, SHAPE.n_vocab, n)] for n in (5, 17, 33, 60)]
+    seqs = [kv.sequence(256) for _ in prompts]
+    refs = [engine.new_cache(256) for _ in prompts]
+    got = engine.eval_batch(list(zip(prompts, seqs)))  # a ragged prefill (eager)
+    want = [engine.eval(p, c) for p, c in zip(prompts, refs)]
+    for g, w in zip(got, want):
+        _close(g, w)
+    gpu = next(be for be in engine.backends if be.name == "gpu")
+    replays = gpu._graphs.stats.replays
+    for _ in range(6):  # the same tokens for both (the reference's greedy ones)
+        toks = [int(np.argmax(w)) for w in want]
+        got = engine.eval_batch([([t], s) for t, s in zip(toks, seqs)])
+        want = [engine.eval([t], c) for t, c in zip(toks, refs)]
+        for g, w in zip(got, want):
+            _close(g, w)
+    assert gpu._graphs.stats.replays - replays >= 4 * 6 + 4  # the batch steps replayed too, not only the refs
+    assert not gpu.graph_fallback, gpu.graph_report()
+    assert all(s.n_past == c.n_past for s, c in zip(seqs, refs))
+
+
+def test_the_paged_scheduler_serves_on_the_gpu_and_gives_every_block_back(engine):
+    rng = np.random.default_rng(8)
+    prompts = [[int(t) for t in rng.integers(3, SHAPE.n_vocab, n)] for n in (9, 40, 70, 12, 25, 100, 3, 50)]
+    sched = PagedScheduler(engine, 4, 64, 256, 1024, block_size=32)
+    out: dict[int, list[int]] = {}
+    index: dict[int, int] = {}
+    pending = list(range(len(prompts)))
+    while pending or sched.running or getattr(sched, "preempted", ()):
+        while pending and sched.free_slots:
+            i = pending.pop(0)
+            index[id(sched.admit(Request(prompts[i], GREEDY, 12)))] = i
+        for ev in sched.step():
+            if ev.token is not None:
+                out.setdefault(index[id(ev.seq)], []).append(ev.token)
+    assert [len(out.get(i, [])) for i in range(len(prompts))] == [12] * len(prompts)
+    for i in (0, 5):  # the first token: the prompt's greedy one (when clear)
+        logits = engine.eval(prompts[i], engine.new_cache(256))
+        top2 = np.sort(logits)[-2:]
+        if float(top2[1] - top2[0]) > CLEAR_GAP:
+            assert out[i][0] == int(np.argmax(logits))
+    pool = sched.kv.pool
+    assert pool.n_free + sched.radix.n_blocks == pool.n_blocks
+    sched.radix.evict(pool.n_blocks)
+    assert pool.n_free == pool.n_blocks
