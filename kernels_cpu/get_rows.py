@@ -12,9 +12,11 @@ import math
 import numpy as np
 from numba import njit
 
-# type name -> (code, bytes a block, values a block) of the types decoded here
+# type name -> (code, bytes a block, values a block) of the types decoded here; Q8_0_X8: Q8_0 rows interleaved by 8
+# (kernels_cpu.q8_0_x8, a tied output repacked at load), read in place
 TYPES = {"F32": (0, 4, 1), "F16": (1, 2, 1), "Q8_0": (2, 34, 32), "Q4_0": (3, 18, 32), "Q4_K": (4, 144, 256),
-         "Q6_K": (5, 210, 256)}
+         "Q6_K": (5, 210, 256), "Q8_0_X8": (6, 34, 32)}
+_X8_QS, _X8_BLOCK = 16, 272  # Q8_0_X8: where the codes start in an 8-row block, its bytes
 
 
 @njit(cache=True)
@@ -65,11 +67,28 @@ def _q6_k_block(b, o, out, j):
 
 
 @njit(cache=True)
+def _q8_0_x8_row(flat, rb, i, n_blocks, o_row):
+    """Row i of a Q8_0_X8 matrix (rows of rb bytes; kernels_cpu.q8_0_x8's layout: per 8-row block d[8] fp16, then
+    codes [chunk j][row][4] as q ^ 0x80) -> o_row, as the Q8_0 decoder: float32(q) * d."""
+    s = i % 8
+    go = (i - s) * rb
+    for blk in range(n_blocks):
+        o, j = go + blk * _X8_BLOCK, blk * 32
+        d = _h2f(flat[o + 2 * s], flat[o + 2 * s + 1])
+        for c in range(8):
+            for e in range(4):
+                o_row[j + 4 * c + e] = np.float32(np.int32(flat[o + _X8_QS + 32 * c + 4 * s + e]) - 128) * d
+
+
+@njit(cache=True)
 def _decode_rows(code, raw, ids, block_bytes, block_vals, out):
     n_blocks = out.shape[1] // block_vals
     for r in range(ids.shape[0]):
-        row = raw[ids[r]]
         o_row = out[r]
+        if code == 6:
+            _q8_0_x8_row(raw.reshape(raw.size), raw.shape[1], ids[r], n_blocks, o_row)
+            continue
+        row = raw[ids[r]]
         for blk in range(n_blocks):
             o, j = blk * block_bytes, blk * block_vals
             if code == 0:
@@ -104,5 +123,7 @@ def get_rows(raw: np.ndarray, type_name: str, ids: np.ndarray) -> np.ndarray | N
     if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= raw.shape[0]):
         raise IndexError(f"get_rows: ids must lie in [0, {raw.shape[0]}), found [{ids.min()}, {ids.max()}]")
     out = np.empty((ids.shape[0], n_cols), dtype=np.float32)
+    raw = raw.view(np.ndarray)  # read-only, as the file's mapping: one compiled signature for a repacked copy too
+    raw.flags.writeable = False
     _decode_rows(code, raw, ids, block_bytes, block_vals, out)
     return out

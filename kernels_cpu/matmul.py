@@ -4,7 +4,7 @@ several weights times the same x (q/k/v, gate/up), in one parallel pass where th
 One explicit `KERNELS` entry per GGML type; anything else raises `UnsupportedQuantType` (no silent fallback).
 Like ggml, the activations are first converted to the weight type's vec_dot_type (`CpuKernel.vec_dot_type`).
 Few tokens (decode): SIMD integer dot products on the raw blocks (`vec_dot_legacy`, `vec_dot_k`; for Q8_0, Q6_K and
-the X8 layouts of Q4_0/Q5_0/Q4_K 4 tokens a pass over the weights, bit-equal to a token at a time); a batch of
+the X8 layouts of Q4_0/Q5_0/Q8_0/Q4_K 4 tokens a pass over the weights, bit-equal to a token at a time); a batch of
 GEMM_MIN_TOKENS or more (prefill): rows decoded to float32 once per block of rows and a register-blocked
 float32 GEMM (`gemm_f32`). Both compute ggml's sums over the same quantized values (integer block sums scaled
 in float32, or float32 products of the exactly decoded values): they differ only in float32 rounding.
@@ -157,7 +157,8 @@ _INT_FAMILIES = {
     "Q8_0": ({"Q4_0": vec_dot_legacy.Q4_0, "Q4_1": vec_dot_legacy.Q4_1, "Q5_0": vec_dot_legacy.Q5_0,
               "Q5_1": vec_dot_legacy.Q5_1, "Q8_0": vec_dot_legacy.Q8_0, "IQ4_NL": vec_dot_legacy.IQ4_NL,
               "MXFP4": vec_dot_legacy.MXFP4, "Q4_0_X8": vec_dot_legacy.Q4_0_X8, "Q5_0_X8": vec_dot_legacy.Q5_0_X8,
-              "MXFP4_X8": vec_dot_legacy.MXFP4_X8},
+              "MXFP4_X8": vec_dot_legacy.MXFP4_X8,
+              "Q8_0_X8": vec_dot_legacy.Q8_0_X8},
              _legacy_dots),
     "Q8_K": ({"Q2_K": vec_dot_k.Q2_K, "Q3_K": vec_dot_k.Q3_K, "Q4_K": vec_dot_k.Q4_K, "Q5_K": vec_dot_k.Q5_K,
               "Q6_K": vec_dot_k.Q6_K, "IQ4_XS": vec_dot_k.IQ4_XS, "Q4_K_X8": vec_dot_k.Q4_K_X8,
@@ -203,6 +204,7 @@ KERNELS: dict[str, CpuKernel] = {
 REPACKED: dict[str, CpuKernel] = {
     "Q4_0_X8": CpuKernel("Q4_0_X8", 32, 18, "Q8_0", _legacy_runner(_L.Q4_0_X8), row_group=8),
     "Q5_0_X8": CpuKernel("Q5_0_X8", 32, 22, "Q8_0", _legacy_runner(_L.Q5_0_X8), row_group=8),
+    "Q8_0_X8": CpuKernel("Q8_0_X8", 32, 34, "Q8_0", _legacy_runner(_L.Q8_0_X8), row_group=8),
     "Q4_K_X8": CpuKernel("Q4_K_X8", 256, 148, "Q8_K", _k_runner(_K.Q4_K_X8), row_group=8),
     "MXFP4_X8": CpuKernel("MXFP4_X8", 32, 17, "Q8_0", _legacy_runner(_L.MXFP4_X8), row_group=8),
     "IQ4_XS_X8": CpuKernel("IQ4_XS_X8", 256, 138, "Q8_K", _k_runner(_K.IQ4_XS_X8), row_group=8),

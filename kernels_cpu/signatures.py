@@ -61,17 +61,20 @@ def _kernels() -> tuple[Kernel, ...]:
         Kernel("kernels_cpu.legacy_x8", "dot8_q4_0_x8", (RAW_1, I64, I8_1, F32_1, I64, F32_1, I64)),
         Kernel("kernels_cpu.legacy_x8", "dot8_q5_0_x8", (RAW_1, I64, I8_1, F32_1, I64, F32_1, I64)),
         Kernel("kernels_cpu.mxfp4_x8", "dot8_mxfp4_x8", (RAW_1, I64, I8_1, F32_1, I64, F32_1, I64)),
+        Kernel("kernels_cpu.q8_0_x8", "dot8_q8_0_x8", (RAW_1, I64, I8_1, F32_1, I64, F32_1, I64)),
         *(Kernel("kernels_cpu.vec_dot_legacy", f"dot2_{t}", (RAW_1, I64, I64, I8_1, F32_1, I64)) for t in _LEGACY_DOT2),
         *(Kernel("kernels_cpu.vec_dot_legacy", f"dot2_{t}", (RAW_1, I64, I64, I8_1, F32_1, F32_1, I64))
           for t in _LEGACY_DOT2_MIN),
         Kernel("kernels_cpu.vec_dot_legacy", "rows_dot", _ROWS_LEGACY,
-               ("legacy_x8.dot8_q4_0_x8", "legacy_x8.dot8_q5_0_x8", "mxfp4_x8.dot8_mxfp4_x8",
+               ("legacy_x8.dot8_q4_0_x8", "legacy_x8.dot8_q5_0_x8", "mxfp4_x8.dot8_mxfp4_x8", "q8_0_x8.dot8_q8_0_x8",
                 *(f"vec_dot_legacy.dot2_{t}" for t in _LEGACY_DOT2 + _LEGACY_DOT2_MIN))),
         # 4 (and 2) tokens a pass over the weights, for small batches
         *(Kernel("kernels_cpu.legacy_x8", f"dot8x4_{t}_x8", (RAW_1, I64, I8_1, F32_1, *_TOK4, I64, F32_1, I64, I64))
           for t in ("q4_0", "q5_0")),
         *(Kernel("kernels_cpu.legacy_x8", f"dot8x2_{t}_x8", (RAW_1, I64, I8_1, F32_1, *_TOK2, I64, F32_1, I64, I64))
           for t in ("q4_0", "q5_0")),
+        Kernel("kernels_cpu.q8_0_x8", "dot8x4_q8_0_x8", (RAW_1, I64, I8_1, F32_1, *_TOK4, I64, F32_1, I64, I64)),
+        Kernel("kernels_cpu.q8_0_x8", "dot8x2_q8_0_x8", (RAW_1, I64, I8_1, F32_1, *_TOK2, I64, F32_1, I64, I64)),
         Kernel("kernels_cpu.vec_dot_legacy", "dot2x4_q8_0",
                (RAW_1, I64, I64, I8_1, F32_1, *_TOK4, I64, F32_1, I64, I64)),
         Kernel("kernels_cpu.vec_dot_legacy", "dot2x2_q8_0",
@@ -79,7 +82,8 @@ def _kernels() -> tuple[Kernel, ...]:
         Kernel("kernels_cpu.vec_dot_legacy", "rows_dot4",
                (I64, RAW_1, I64, I64, I64, I8_1, F32_1, *_TOK4, F32_1, I64, I64),
                ("legacy_x8.dot8x4_q4_0_x8", "legacy_x8.dot8x4_q5_0_x8", "legacy_x8.dot8x2_q4_0_x8",
-                "legacy_x8.dot8x2_q5_0_x8", "vec_dot_legacy.dot2x4_q8_0", "vec_dot_legacy.dot2x2_q8_0")),
+                "legacy_x8.dot8x2_q5_0_x8", "q8_0_x8.dot8x4_q8_0_x8", "q8_0_x8.dot8x2_q8_0_x8",
+                "vec_dot_legacy.dot2x4_q8_0", "vec_dot_legacy.dot2x2_q8_0")),
         Kernel("kernels_cpu.vec_dot_legacy", "matmul_q8_0_act",
                (*_DRIVER, I8_2, F32_2, F32_2, F32_2, F32_2, F32_2, *_TASKS),
                ("vec_dot_legacy.rows_dot", "vec_dot_legacy.rows_dot4")),
@@ -149,10 +153,12 @@ def _kernels() -> tuple[Kernel, ...]:
         Kernel("kernels_cpu.get_rows", "_h2f", (nt.uint8, nt.uint8)),
         *(Kernel("kernels_cpu.get_rows", n, (RAW_1, I64, F32_1, I64), ("get_rows._h2f",))
           for n in ("_q4_k_block", "_q6_k_block")),
+        Kernel("kernels_cpu.get_rows", "_q8_0_x8_row", (RAW_1, I64, I64, I64, F32_1), ("get_rows._h2f",)),
         Kernel("kernels_cpu.get_rows", "_decode_rows", (I64, RAW_2, I64_1, I64, I64, F32_2),
-               ("get_rows._h2f", "get_rows._q4_k_block", "get_rows._q6_k_block")),
+               ("get_rows._h2f", "get_rows._q4_k_block", "get_rows._q6_k_block", "get_rows._q8_0_x8_row")),
         # the 8-row interleaved layouts made at load (hybrid/backends/repack.py)
         Kernel("kernels_cpu.legacy_x8", "_repack_groups", (RAW_1, I64, BOOL, U8_1)),
+        Kernel("kernels_cpu.q8_0_x8", "_repack_groups", (RAW_1, I64, U8_1)),
         Kernel("kernels_cpu.q4_k_x8", "_repack_groups", (RAW_1, I64, U8_1)),
         Kernel("kernels_cpu.mxfp4_x8", "_repack_groups", (RAW_1, I64, U8_1)),
         Kernel("kernels_cpu.iq4_xs_x8", "_repack_groups", (RAW_1, I64, U8_1)),
@@ -183,7 +189,8 @@ RMS_NORM = "norm.rms_norm_rows"
 GET_ROWS = "get_rows._decode_rows"
 ROPE_TABLES = "rope._rope_tables"
 TOP_K = "topk.top_k_ids"
-REPACK = {"Q4_0": "legacy_x8._repack_groups", "Q5_0": "legacy_x8._repack_groups", "Q4_K": "q4_k_x8._repack_groups",
+REPACK = {"Q4_0": "legacy_x8._repack_groups", "Q5_0": "legacy_x8._repack_groups", "Q8_0": "q8_0_x8._repack_groups",
+          "Q4_K": "q4_k_x8._repack_groups",
           "MXFP4": "mxfp4_x8._repack_groups", "IQ4_XS": "iq4_xs_x8._repack_groups"}
 
 

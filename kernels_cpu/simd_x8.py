@@ -261,3 +261,48 @@ def sub_i32(typingctx, a, b):
         return builder.sub(args[0], args[1])
     return I32x8(a, b), codegen
 
+
+
+# -- Q8_0_X8 (kernels_cpu.q8_0_x8): 8 rows x 4 bytes a register, one int32 lane a row ------------------------------
+@intrinsic
+def bcast_i8x4(typingctx, a, off):
+    """The 4 bytes a[off:off + 4] repeated 8 times (one token's 4 activations against 8 rows' 4 codes; with
+    AVX-512 VL the load folds into vpdpbusd as a {1to8} broadcast)."""
+    if not (is_bytes_array(a) and isinstance(off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        p = ir_ptr(context, builder, sig.args[0], args[0], ir_intp(context, builder, sig.args[1], args[1]), _I32)
+        return builder.bitcast(ir_splat(builder, _V32x8, builder.load(p, align=1)), _V8x32)
+    return I8x32(a, off), codegen
+
+
+@intrinsic
+def splat_i32(typingctx, s):
+    """All 8 int32 lanes = s (truncated to int32)."""
+    if not isinstance(s, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        x = builder.trunc(context.cast(builder, args[0], sig.args[0], types.int64), _I32)
+        return ir_splat(builder, _V32x8, x)
+    return I32x8(s), codegen
+
+
+@intrinsic
+def gather_i8x4x8(typingctx, a, off, stride):
+    """The 8 runs of 4 bytes at a[off + k * stride:...+ 4], k = 0..7, as one 32-byte vector (one row's 32 codes out
+    of 8 interleaved chunks)."""
+    if not (is_bytes_array(a) and isinstance(off, types.Integer) and isinstance(stride, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        off = ir_intp(context, builder, sig.args[1], args[1])
+        stride = ir_intp(context, builder, sig.args[2], args[2])
+        v = ir.Constant(_V32x8, ir.Undefined)
+        for k in range(8):
+            o = builder.add(off, builder.mul(stride, ir.Constant(off.type, k)))
+            x = builder.load(ir_ptr(context, builder, sig.args[0], args[0], o, _I32), align=1)
+            v = builder.insert_element(v, x, ir.Constant(_I32, k))
+        return builder.bitcast(v, _V8x32)
+    return I8x32(a, off, stride), codegen

@@ -12,9 +12,9 @@ ggml_vec_dot_q4_1_q8_1 multiplies the weight's min by it. (d_x16 * sum q8 instea
 moved SmolLM2-135M Q4_1's perplexity by +0.2% from llama.cpp's and from a float64 forward.) Weight offsets are
 linear byte offsets into the C-contiguous (n_out, row_bytes) w.
 
-Small batches (several sequences decoding, a speculative check): for Q8_0 and the X8 layouts of Q4_0/Q5_0 the
-driver passes each block of rows once per 4 tokens (rows_dot4: dot2x4_q8_0, legacy_x8.dot8x4_*; 2-token forms for
-a pair), which load and unpack the weights once and keep an accumulator per token. Each output equals the 1-token
+Small batches (several sequences decoding, a speculative check): for Q8_0 and the X8 layouts of Q4_0/Q5_0/Q8_0 the
+driver passes each block of rows once per 4 tokens (rows_dot4: dot2x4_q8_0, legacy_x8.dot8x4_*,
+q8_0_x8.dot8x4_q8_0_x8; 2-token forms for a pair), which load and unpack the weights once and keep an accumulator per token. Each output equals the 1-token
 kernel's bit for bit: the same exact int32 lanes (with VNNI through vpdpbusd, an unsigned operand shifted by 128
 or an offset taken off exactly), then the same float ops in the same order.
 """
@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit, prange
 
 from gguf_io.quants_legacy import e8m0_to_fp32_half
-from kernels_cpu import legacy_x8, mxfp4_x8
+from kernels_cpu import legacy_x8, mxfp4_x8, q8_0_x8
 from kernels_cpu.sched import next_task
 from kernels_cpu.simd import (cvt_f32, fma_f32, hsum_f32, load_bits32, load_f16, load_i8x32, load_nib16, prefetch,
                               store_scaled, zero_f32)
@@ -36,7 +36,8 @@ Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL = 0, 1, 2, 3, 4, 5  # type codes (one compi
 Q4_0_X8, Q5_0_X8 = 6, 7  # rows interleaved by 8 (kernels_cpu.legacy_x8): calls cover whole groups of 8 rows
 MXFP4 = 8
 MXFP4_X8 = 9  # MXFP4 rows interleaved by 8 (kernels_cpu.mxfp4_x8)
-TYPE_SIZE = np.array([18, 20, 22, 24, 34, 18, 18, 22, 17, 17], dtype=np.int64)
+Q8_0_X8 = 10  # Q8_0 rows interleaved by 8 (kernels_cpu.q8_0_x8)
+TYPE_SIZE = np.array([18, 20, 22, 24, 34, 18, 18, 22, 17, 17, 34], dtype=np.int64)
 
 # kvalues_iq4nl (ggml-common.h): the 16 non-linear levels of IQ4_NL / IQ4_XS, as bytes for the lookup.
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
@@ -296,7 +297,7 @@ def dot2x2_q8_0(w, wo, rb, xq, xd, t0, t1, nb, y, n_out, r):
 @njit(inline="always")
 def has_tok4(kind):
     """Whether rows_dot4 takes this type (the others go a token at a time)."""
-    return kind == Q8_0 or kind == Q4_0_X8 or kind == Q5_0_X8
+    return kind == Q8_0 or kind == Q4_0_X8 or kind == Q5_0_X8 or kind == Q8_0_X8
 
 
 @njit(cache=True, fastmath=True)
@@ -304,7 +305,13 @@ def rows_dot4(kind, w, row_bytes, r0, r1, xq, xd, t0, t1, t2, t3, y, n_out, nb):
     """rows_dot for the tokens t0..t3 at once (types of has_tok4): y[t, r] for r0 <= r < r1; xq, xd, y flat.
     t2 == t1 (then t3 == t1): the two tokens t0, t1 only, through the 2-token kernels."""
     pair = t2 == t1
-    if kind == Q5_0_X8:  # r0, r1: multiples of 8
+    if kind == Q8_0_X8:  # r0, r1: multiples of 8
+        for r in range(r0, r1, 8):
+            if pair:
+                q8_0_x8.dot8x2_q8_0_x8(w, r * row_bytes, xq, xd, t0, t1, nb, y, n_out, r)
+            else:
+                q8_0_x8.dot8x4_q8_0_x8(w, r * row_bytes, xq, xd, t0, t1, t2, t3, nb, y, n_out, r)
+    elif kind == Q5_0_X8:  # r0, r1: multiples of 8
         for r in range(r0, r1, 8):
             if pair:
                 legacy_x8.dot8x2_q5_0_x8(w, r * row_bytes, xq, xd, t0, t1, nb, y, n_out, r)
@@ -329,7 +336,10 @@ def rows_dot4(kind, w, row_bytes, r0, r1, xq, xd, t0, t1, t2, t3, y, n_out, nb):
 def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, xs, y, nb):
     """y[r] = row r . one token for r0 <= r < r1, two rows at a time (an odd last row goes twice);
     w the flat weight bytes, xq/xd/xs/y the token's rows. One loop per type: each inlines its own dot2."""
-    if kind == Q5_0_X8:  # r0, r1: multiples of 8
+    if kind == Q8_0_X8:  # r0, r1: multiples of 8
+        for r in range(r0, r1, 8):
+            q8_0_x8.dot8_q8_0_x8(w, r * row_bytes, xq, xd, nb, y, r)
+    elif kind == Q5_0_X8:  # r0, r1: multiples of 8
         for r in range(r0, r1, 8):
             legacy_x8.dot8_q5_0_x8(w, r * row_bytes, xq, xd, nb, y, r)
     elif kind == Q4_0_X8:
@@ -393,7 +403,7 @@ def rows_dot(kind, w, row_bytes, r0, r1, xq, xd, xs, y, nb):
 def _signed(kind):
     """Whether a type's codes are signed (no min term): Q4_0, Q5_0, Q8_0, IQ4_NL and the interleaved ones."""
     return (kind == Q4_0 or kind == Q5_0 or kind == Q8_0 or kind == IQ4_NL or kind == Q4_0_X8 or kind == Q5_0_X8
-            or kind == MXFP4 or kind == MXFP4_X8)
+            or kind == MXFP4 or kind == MXFP4_X8 or kind == Q8_0_X8)
 
 
 @njit(cache=True, parallel=True, fastmath=True)
@@ -455,6 +465,8 @@ def decode_row_f32(kind, w, wo, nb, out, oo):
         _decode_plain(Q5_0 if kind == Q5_0_X8 else Q4_0, row, 0, nb, out, oo)
     elif kind == MXFP4_X8:
         mxfp4_x8.decode_row_f32(w, wo, nb, out, oo)
+    elif kind == Q8_0_X8:
+        q8_0_x8.decode_row_f32(w, wo, nb, out, oo)
     else:
         _decode_plain(kind, w, wo, nb, out, oo)
 

@@ -1,7 +1,8 @@
 """Per-call times of the integer-dot matmuls for small batches (1, 2, 4, 8, 16 tokens: decode of several sequences,
-speculative checks) on the demo model's matrices as decode runs them: the tied output (Q8_0, file layout), and of
-layer 0 ffn_gate (Q5_0 -> Q5_0_X8), attn_output (Q4_K -> Q4_K_X8), ffn_down (Q6_K, from a layer that has it) and
-attn_v (Q8_0), plus a random Q4_0 matrix repacked to Q4_0_X8. Best of --reps calls, repeated --rounds times.
+speculative checks) on the demo model's matrices as decode runs them: the tied output (Q8_0 -> Q8_0_X8, and in the
+file's layout for comparison), and of layer 0 ffn_gate (Q5_0 -> Q5_0_X8), attn_output (Q4_K -> Q4_K_X8), ffn_down
+(Q6_K, from a layer that has it) and attn_v (Q8_0 -> Q8_0_X8), plus a random Q4_0 matrix repacked to Q4_0_X8. Best
+of --reps calls, repeated --rounds times.
 
 usage: python scripts/bench_small_batch.py [--model PATH] [--tokens 1,2,4,8,16] [--reps 3] [--rounds 3]
                                            [--only NAME ...]
@@ -16,7 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kernels_cpu import legacy_x8, q4_k_x8  # noqa: E402
+from kernels_cpu import legacy_x8, q4_k_x8, q8_0_x8  # noqa: E402
 from kernels_cpu.matmul import matmul  # noqa: E402
 
 DEMO = Path.home() / ".cache/hybrid/gemma-3-270m-q4_k_m.gguf"
@@ -38,11 +39,12 @@ def demo_matrices(path):
     q40 = rng.integers(0, 256, (2048, 20, 18), dtype=np.uint8)
     q40[:, :, 0:2] = rng.uniform(0.01, 0.05, (2048, 20, 1)).astype("<f2").view(np.uint8)
     return {
-        "output Q8_0 (262144x640)": (np.asarray(t["token_embd.weight"].data, dtype=np.uint8), "Q8_0"),
+        "output Q8_0_X8 (262144x640)": (q8_0_x8.repack(raw("token_embd.weight")), "Q8_0_X8"),
+        "output Q8_0, file layout (262144x640)": (np.asarray(t["token_embd.weight"].data, dtype=np.uint8), "Q8_0"),
         "ffn_gate Q5_0_X8 (2048x640)": (legacy_x8.repack_q5_0(raw("blk.0.ffn_gate.weight")), "Q5_0_X8"),
         "attn_output Q4_K_X8 (640x1024)": (q4_k_x8.repack(raw("blk.0.attn_output.weight")), "Q4_K_X8"),
         f"ffn_down Q6_K (640x2048, {down6.split('.')[1]})": (raw(down6), "Q6_K"),
-        f"attn_v Q8_0 (256x640, {v8.split('.')[1]})": (raw(v8), "Q8_0"),
+        f"attn_v Q8_0_X8 (256x640, {v8.split('.')[1]})": (q8_0_x8.repack(raw(v8)), "Q8_0_X8"),
         "random Q4_0_X8 (2048x640)": (legacy_x8.repack_q4_0(q40.reshape(2048, -1)), "Q4_0_X8"),
     }
 

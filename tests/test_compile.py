@@ -67,8 +67,8 @@ def test_a_q4_k_m_layer_takes_the_fused_kernels_and_its_repacks():
     keys = cpu_kernel_keys(arch_spec("llama"), [_layer("Q4_K", "Q4_K", "Q6_K")], _w("output", "Q8_0", 64, 256),
                            repack=True)
     assert keys == ("act_quant.quantize_q8_1_rows", "fused_layer.attention_half", "fused_layer.ffn_half",
-                    "norm.rms_norm_rows", "q4_k_x8._repack_groups", "rope._rope_tables", "topk.top_k_ids",
-                    "vec_dot_legacy.matmul_q8_0_act")
+                    "norm.rms_norm_rows", "q4_k_x8._repack_groups", "q8_0_x8._repack_groups",  # (the Q8_0 output)
+                    "rope._rope_tables", "topk.top_k_ids", "vec_dot_legacy.matmul_q8_0_act")
 
 
 def test_flags_and_types_change_the_list():
@@ -76,9 +76,12 @@ def test_flags_and_types_change_the_list():
     with_repack = cpu_kernel_keys(spec, lw, _w("output", "Q4_0", 64, 256), repack=True)
     assert {"legacy_x8._repack_groups", "q4_k_x8._repack_groups"} <= set(with_repack)
     assert not [k for k in cpu_kernel_keys(spec, lw, None, repack=False) if "repack" in k]  # -nr 1
-    tied = cpu_kernel_keys(spec, [_layer("Q8_0", "Q8_0")], _w("token_embd", "Q4_0", 64, 256), repack=True,
+    tied = cpu_kernel_keys(spec, [_layer("Q4_K", "Q4_K")], _w("token_embd", "Q4_0", 64, 256), repack=True,
                            output_tied=True)
-    assert not [k for k in tied if "repack" in k]  # a tied output is never repacked
+    assert [k for k in tied if "repack" in k] == ["q4_k_x8._repack_groups"]  # not the lookup's Q4_0 rows
+    tied = cpu_kernel_keys(spec, [_layer("Q4_K", "Q4_K")], _w("token_embd", "Q8_0", 64, 256), repack=True,
+                           output_tied=True)
+    assert {"q4_k_x8._repack_groups", "q8_0_x8._repack_groups"} <= set(tied)  # the lookup reads Q8_0_X8
     assert cpu_kernel_keys(spec, [], None, repack=True) == ("topk.top_k_ids",)  # every layer on the GPU: the sampler
     f16 = set(cpu_kernel_keys(spec, [_layer("F16", "F16")], None, repack=True))  # float matrices go op by op
     assert {"attention._attention_kernel", "kv_cache._store_kv", "rope.rope_apply_rows",

@@ -1,5 +1,5 @@
 """Small batches (2..GEMM_MIN_TOKENS-1 tokens) through the multi-token integer dots (4 or 2 tokens a pass over each
-weight block: vec_dot_legacy.dot2x4_q8_0, legacy_x8.dot8x4_q{4,5}_0_x8, q4_k_x8.dot8x4_q4_k_x8,
+weight block: vec_dot_legacy.dot2x4_q8_0, legacy_x8.dot8x4_q{4,5}_0_x8, q8_0_x8.dot8x4_q8_0_x8, q4_k_x8.dot8x4_q4_k_x8,
 k_tokens.dot2x4_q6_k and their 2-token forms): every output equals the token's own 1-token product bit for bit,
 on the host's path (VNNI here) and on the generic one (no AVX2 intrinsics, no VNNI: what a host without VNNI runs),
 and stays within the float64 reference's tolerance."""
@@ -8,17 +8,19 @@ import numpy as np
 import pytest
 from numba import njit
 
-from kernels_cpu import act_quant, legacy_x8, q4_k_x8, k_tokens, simd, vec_dot_k, vec_dot_legacy
+from kernels_cpu import act_quant, legacy_x8, q4_k_x8, q8_0_x8, k_tokens, simd, vec_dot_k, vec_dot_legacy
 from kernels_cpu.matmul import GEMM_MIN_TOKENS, KERNELS, matmul, matmuls
 from test_kernels_cpu_matmul import NMSE_TOL_SAME_ACT, converted_activations, dequantize64, nmse, random_weight
 
 # layout as decode runs it -> (GGML type, repack or None)
 TYPES = {"Q8_0": ("Q8_0", None), "Q4_0_X8": ("Q4_0", legacy_x8.repack_q4_0),
-         "Q5_0_X8": ("Q5_0", legacy_x8.repack_q5_0), "Q4_K_X8": ("Q4_K", q4_k_x8.repack), "Q6_K": ("Q6_K", None)}
+         "Q5_0_X8": ("Q5_0", legacy_x8.repack_q5_0), "Q8_0_X8": ("Q8_0", q8_0_x8.repack),
+         "Q4_K_X8": ("Q4_K", q4_k_x8.repack), "Q6_K": ("Q6_K", None)}
 # (n_out, blocks a row): one block; rows not a multiple of the 16-row blocks (plain layouts: an odd count, a lone
 # last row), several tasks
 SHAPES = {"Q8_0": [(1, 1), (37, 3), (301, 2)], "Q6_K": [(1, 1), (37, 2), (301, 1)],
           "Q4_0_X8": [(8, 1), (40, 3), (296, 2)], "Q5_0_X8": [(8, 1), (40, 3), (296, 2)],
+          "Q8_0_X8": [(8, 1), (40, 3), (296, 2)],
           "Q4_K_X8": [(8, 1), (40, 2), (296, 1)]}
 TOKENS = list(range(1, 17)) + [GEMM_MIN_TOKENS - 1]
 
@@ -103,6 +105,8 @@ KERNEL_SETS = {
     "Q4_0_X8": (_one_legacy_x8(legacy_x8.dot8_q4_0_x8), legacy_x8.dot8x4_q4_0_x8, legacy_x8.dot8x2_q4_0_x8, 8,
                 _legacy_act),
     "Q5_0_X8": (_one_legacy_x8(legacy_x8.dot8_q5_0_x8), legacy_x8.dot8x4_q5_0_x8, legacy_x8.dot8x2_q5_0_x8, 8,
+                _legacy_act),
+    "Q8_0_X8": (_one_legacy_x8(q8_0_x8.dot8_q8_0_x8), q8_0_x8.dot8x4_q8_0_x8, q8_0_x8.dot8x2_q8_0_x8, 8,
                 _legacy_act),
     "Q4_K_X8": (None, q4_k_x8.dot8x4_q4_k_x8, q4_k_x8.dot8x2_q4_k_x8, 8, _k_act),
     "Q6_K": (_one_plain(vec_dot_k.dot2_q6_k), k_tokens.dot2x4_q6_k, k_tokens.dot2x2_q6_k, 2, _k_act),

@@ -112,7 +112,7 @@ def test_loader_repacks_cpu_matrices_and_results_agree(tmp_path, mix):
         assert a.weights.output.type_name == LAYOUTS[b.weights.output.type_name][0]
         n += 1
     assert n > 0 and any(f"repack: {n} matrices" in m for m in notes)
-    assert a.weights.token_embd.type_name == b.weights.token_embd.type_name  # the embedding rows stay readable
+    assert a.weights.token_embd.type_name == b.weights.token_embd.type_name  # untied: the lookup reads the file rows
     steps = [list(range(3, 15)), [7], [9], [4]]
     ca, cb = a.new_cache(), b.new_cache()
     for tokens in steps:

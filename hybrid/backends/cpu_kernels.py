@@ -14,7 +14,7 @@ from kernels_cpu import signatures as sig
 from kernels_cpu.matmul import KERNELS
 
 from hybrid.backends.cpu_fused import ffn_fusable, fusable
-from hybrid.backends.repack import repacked_type
+from hybrid.backends.repack import repacked_type, tied_repacks
 from hybrid.model.arch.spec import ArchSpec
 from hybrid.model.weights import Weight
 
@@ -37,9 +37,9 @@ def cpu_kernel_keys(spec: ArchSpec, layers: Iterable[dict[str, Weight]], output:
                     output_tied: bool = False, embedding: Weight | None = None) -> tuple[str, ...]:
     """The kernels a warm-up calls for these CPU layers and, unless None, the output matrix `output` (on the CPU,
     with its norm), and the sampler's top-k; with repack, the repack's kernels for the types it will interleave (an
-    output tied to the token embeddings is never repacked); the compiled embedding lookup where `embedding` (the
-    token embeddings, always looked up on the CPU) has a type it decodes. Sorted keys of
-    kernels_cpu.signatures.KERNELS."""
+    output tied to the token embeddings only where the lookup reads the layout: repack.tied_repacks); the compiled
+    embedding lookup where `embedding` (the token embeddings, always looked up on the CPU) has a type it decodes.
+    Sorted keys of kernels_cpu.signatures.KERNELS."""
     keys: set[str] = {sig.TOP_K}  # the sampler's, whatever runs the layers
     if embedding is not None and embedding.type_name in get_rows.TYPES:
         keys.add(sig.GET_ROWS)
@@ -61,7 +61,7 @@ def cpu_kernel_keys(spec: ArchSpec, layers: Iterable[dict[str, Weight]], output:
     if output is not None:
         keys.add(sig.RMS_NORM)
         keys |= _products([output])
-        if not output_tied:
+        if not output_tied or tied_repacks(output):
             matrices.append(output)
     if repack:
         keys.update(sig.REPACK[w.type_name] for w in matrices if repacked_type(w) is not None)

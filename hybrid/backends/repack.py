@@ -1,14 +1,16 @@
 """CPU weight repacking, as llama.cpp's CPU_REPACK buffers (`--no-repack` keeps the file's layout): the Q4_0,
-Q5_0, Q4_K, MXFP4 and IQ4_XS matrices of the layers the CPU runs are copied once, at load, into 8-row interleaved
-groups (kernels_cpu.legacy_x8, q4_k_x8, mxfp4_x8, iq4_xs_x8), which its integer dots read at a lower cost per byte.
+Q5_0, Q8_0, Q4_K, MXFP4 and IQ4_XS matrices of the layers the CPU runs are copied once, at load, into 8-row
+interleaved groups (kernels_cpu.legacy_x8, q8_0_x8, q4_k_x8, mxfp4_x8, iq4_xs_x8), which its integer dots read at a
+lower cost per byte.
 The copy replaces the mapping's pages: each matrix's pages are released (MADV_DONTNEED) as soon as it is copied, so
 the resident memory grows by at most the layout's extra bytes (Q4_K: 4 bytes a block, 2.8%; IQ4_XS: 2 bytes a
-block, 1.5%; Q4_0/Q5_0/MXFP4: none), not by the matrices. Bytes a matrix shares with its neighbours' pages stay
+block, 1.5%; Q4_0/Q5_0/Q8_0/MXFP4: none), not by the matrices. Bytes a matrix shares with its neighbours' pages stay
 mapped.
 
-Matrices and MoE expert tensors (each expert's matrix on its own) are repacked; not an output tied to the token
-embeddings (the embedding lookup reads its rows), and nothing when op offload streams the CPU layers' weights to
-a GPU as they are.
+Matrices and MoE expert tensors (each expert's matrix on its own) are repacked, and nothing when op offload streams
+the CPU layers' weights to a GPU as they are. An output on the CPU tied to the token embeddings is repacked where
+the embedding lookup reads the layout in place (kernels_cpu.get_rows: Q8_0_X8), one copy for both: token_embd and
+output stay one Weight.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from kernels_cpu import iq4_xs_x8, legacy_x8, mxfp4_x8, q4_k_x8
+from kernels_cpu import get_rows, iq4_xs_x8, legacy_x8, mxfp4_x8, q4_k_x8, q8_0_x8
 from kernels_cpu.signatures import REPACK as _COMPILED_REPACKS
 
 from hybrid.system.memlock import release_pages
@@ -29,6 +31,7 @@ from hybrid.model.weights import ModelWeights, Weight
 LAYOUTS = {
     "Q4_0": ("Q4_0_X8", legacy_x8.repackable, legacy_x8.repack_q4_0),
     "Q5_0": ("Q5_0_X8", legacy_x8.repackable, legacy_x8.repack_q5_0),
+    "Q8_0": ("Q8_0_X8", q8_0_x8.repackable, q8_0_x8.repack),
     "Q4_K": ("Q4_K_X8", q4_k_x8.repackable, q4_k_x8.repack),
     "MXFP4": ("MXFP4_X8", mxfp4_x8.repackable, mxfp4_x8.repack),
     "IQ4_XS": ("IQ4_XS_X8", iq4_xs_x8.repackable, iq4_xs_x8.repack),
@@ -64,8 +67,15 @@ def repack_weights(weights: ModelWeights, layers: Iterable[int], output: bool) -
             lw[key] = repack(w)
     if output and weights.output is not weights.token_embd:
         weights.output = repack(weights.output)
+    elif output and tied_repacks(weights.output):  # one copy, read by the lookup and the output matrix
+        weights.token_embd = weights.output = repack(weights.output)
     return RepackResult(len(done), sum(d[1] for d in done), sum(d[2] for d in done),
                         tuple(sorted({d[0] for d in done})))
+
+
+def tied_repacks(w: Weight) -> bool:
+    """Whether an output tied to the token embeddings (w) is repacked: where the embedding lookup reads its layout."""
+    return repacked_type(w) in get_rows.TYPES
 
 
 def repacked_type(w: Weight) -> str | None:
