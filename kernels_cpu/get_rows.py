@@ -12,11 +12,12 @@ import math
 import numpy as np
 from numba import njit
 
+from kernels_cpu.q8_0_x8 import BLOCK as _X8_BLOCK, QS as _X8_QS  # an 8-row block's bytes, where its codes start
+
 # type name -> (code, bytes a block, values a block) of the types decoded here; Q8_0_X8: Q8_0 rows interleaved by 8
 # (kernels_cpu.q8_0_x8, a tied output repacked at load), read in place
 TYPES = {"F32": (0, 4, 1), "F16": (1, 2, 1), "Q8_0": (2, 34, 32), "Q4_0": (3, 18, 32), "Q4_K": (4, 144, 256),
          "Q6_K": (5, 210, 256), "Q8_0_X8": (6, 34, 32)}
-_X8_QS, _X8_BLOCK = 16, 272  # Q8_0_X8: where the codes start in an 8-row block, its bytes
 
 
 @njit(cache=True)
