@@ -1,8 +1,9 @@
 """`matmul(w_raw, type_name, x)` on the GPU, weights kept in their raw GGML blocks in device memory.
 
 Decode (n_tok <= MATVEC_MAX_TOKENS): one matvec kernel per type reads the blocks once, dequantizes in registers
-and serves up to 8 tokens (warp-per-row, shuffle reductions). One token on a Q8_MATVEC type (MATVEC_Q8, or the
-`q8` argument): the activations are quantized to 8 bits per 32 (quantize_q8_1) and dotted by dp4a (matvec_q8.cu).
+and serves up to 8 tokens (warp-per-row, shuffle reductions). A Q8_MATVEC type (MATVEC_Q8, or the `q8` argument):
+the activations are quantized to 8 bits per 32 (quantize_q8_1) and dotted by dp4a (matvec_q8.cu), one token or,
+through matvec_q8t, up to 8 (the weights loaded once for all of them: a decode batch of several sequences).
 Prefill: the weight is dequantized in row chunks into an fp16 scratch, and cuBLAS multiplies fp16 x fp16 with fp32
 accumulation and fp32 output (F32 weights: fp32 GEMM on the raw rows; BF16: an fp32 scratch). One explicit
 `GPU_KERNELS` entry per GGML type. `matmul_many` multiplies one x by several weights (q/k/v, gate/up): one q8
@@ -111,6 +112,14 @@ def _check(name, a, dtype, ndims):
         raise ValueError(f"{name} must be C-contiguous (shape {a.shape}, strides {a.strides})")
 
 
+def uses_q8t(type_name: str, n_tok: int, q8: bool | None = None) -> bool:
+    """Whether matmul's matvec of 2..MATVEC_MAX_TOKENS tokens of `type_name` runs on 8-bit activations (matvec_q8t;
+    q8: None = the default, as uses_q8's)."""
+    if not 2 <= n_tok <= MATVEC_MAX_TOKENS or type_name not in Q8_MATVEC:
+        return False
+    return (MATVEC_Q8 and type_name in Q8_AUTO) if q8 is None else q8
+
+
 def uses_q8(type_name: str, n_tok: int, q8: bool | None = None) -> bool:
     """Whether matmul's one-token matvec of `type_name` runs on 8-bit activations (q8: None = the default)."""
     if n_tok != 1 or type_name not in Q8_MATVEC:
@@ -150,6 +159,9 @@ def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = 
     if path == "matvec" and uses_q8(type_name, n_tok, q8):
         xq, xm = quantize_q8_1(x2) if q8_act is None else q8_act
         matvec_q8(w_raw, type_name, xq, xm, y2, wpr, rpw)
+    elif path == "matvec" and uses_q8t(type_name, n_tok, q8):
+        xq, xm = quantize_q8_1(x2) if q8_act is None else q8_act
+        matvec_q8t(w_raw, type_name, xq, xm, y2, wpr)
     elif path == "matvec":
         for s in range(0, n_tok, MATVEC_MAX_TOKENS):
             e = min(n_tok, s + MATVEC_MAX_TOKENS)
@@ -324,6 +336,36 @@ def matvec_q8(w_raw, type_name, xq, xm, y, wpr: int | None = None, rpw: int | No
     _q8_launch([w_raw], type_name, xq, xm, [y], wpr, rpw, kernel)
 
 
+def matvec_q8t(w_raw, type_name, xq, xm, y, wpr: int | None = None) -> None:
+    """y = x W^T for 2..MATVEC_MAX_TOKENS tokens of activations quantize_q8_1 made: w_raw cupy uint8 (n_out,
+    row_bytes) of a Q8_MATVEC type, xq cupy int8 (n_tok, n_in), xm cupy float32 (n_tok, n_in / 32, 4), y cupy float32
+    (n_tok, n_out). Two rows a warp; wpr warps a row group (None: q8_config's)."""
+    if type_name not in Q8_MATVEC:
+        raise ValueError(f"no q8 matvec for {type_name}; it has: {', '.join(Q8_MATVEC)}")
+    k, n_out, n_in = _check_weight("w_raw", w_raw, type_name)
+    _check("xq", xq, np.int8, (2,))
+    _check("xm", xm, np.float32, (3,))
+    n_tok = xq.shape[0]
+    if not 2 <= n_tok <= MATVEC_MAX_TOKENS or xq.shape != (n_tok, n_in) or xm.shape != (n_tok, n_in // Q8_BLOCK, 4):
+        raise ValueError(f"q8 activations of 2..{MATVEC_MAX_TOKENS} tokens of {n_in}: got xq {xq.shape}, "
+                         f"xm {xm.shape}")
+    if xq.data.ptr % 16 or xm.data.ptr % 16:
+        raise ValueError("xq and xm must be 16-byte aligned on the device")
+    _check("y", y, np.float32, (2,))
+    if y.shape != (n_tok, n_out):
+        raise ValueError(f"q8 matvec of {n_tok} tokens x {n_out}x{n_in}: y has shape {y.shape}")
+    n_blocks = n_in // k.block_size
+    auto_wpr = q8_config(n_out, n_blocks * Q8_MATVEC[type_name], 2)[1]
+    wpr = auto_wpr if wpr is None else wpr
+    if wpr not in (1, 2, 4, 8):
+        raise ValueError(f"wpr must be 1, 2, 4 or 8, found {wpr}")
+    nt = 2 if n_tok == 2 else 4 if n_tok <= 4 else 8
+    grid = -(-(-(-n_out // 2)) // (MV_WARPS // wpr))
+    fn = get_kernel("matvec_q8", f"matvec_q8t_{k.suffix}_{nt}")
+    i32 = np.int32
+    fn((grid,), (256,), (w_raw, xq, xm, y, i32(n_out), i32(n_blocks), i32(n_tok), i32(wpr)))
+
+
 def _q8_launch(ws, type_name: str, xq, xm, ys, wpr, rpw, kernel: str | None) -> None:
     """ys[i] = W_i x for 1..Q8_MANY checked weights of type_name (one n_in) in one launch."""
     k = GPU_KERNELS[type_name]
@@ -371,7 +413,8 @@ def matmul_many(ws_raw, type_names, x, q8: bool | None = None, q8_act: tuple | N
     Q8_MANY is one launch over all their rows on one quantize_q8_1 of x (or q8_act); wpr, rpw apply to those.
     n_tok >= GEMM_MIN_TOKENS: x goes to fp16 once; with `stack` (None: if their n_out x n_in sum is at most
     GEMM_STACK_ELEMENTS) the quantized weights are dequantized into one fp16 scratch, rows stacked, for one GEMM
-    whose columns are then copied out per weight. Anything else: matmul per weight.
+    whose columns are then copied out per weight. Anything else: matmul per weight (2..8 tokens on q8 types: on
+    one quantize_q8_1 of x for all of them).
     """
     import cupy  # noqa: PLC0415
 
@@ -404,6 +447,8 @@ def matmul_many(ws_raw, type_names, x, q8: bool | None = None, q8_act: tuple | N
                 for i in part:
                     ys[i] = cupy.empty((1, n_outs[i]), dtype=cupy.float32)
                 _q8_launch([ws_raw[i] for i in part], t, *q8_act, [ys[i] for i in part], wpr, rpw, None)
+    elif q8_act is None and any(n_outs[i] and uses_q8t(t, n_tok, q8) for i, t in enumerate(type_names)):
+        q8_act = quantize_q8_1(x2)  # once for every weight of the 8-bit several-token matvec
     for i, y in enumerate(ys):
         if y is None:
             ys[i] = matmul(ws_raw[i], type_names[i], x2, q8=q8, q8_act=q8_act)

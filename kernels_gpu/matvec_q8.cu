@@ -268,6 +268,91 @@ __device__ __forceinline__ Q8Pick q8_pick(const u8* w0, const u8* w1, const u8* 
 Q8_ENTRIES(q4_k, Q4K8)
 Q8_ENTRIES(q6_k, Q6K8)
 
+// Several tokens (a decode batch of several sequences, a speculative check): y[t, row] for t < ntok <= NT, token t's
+// q8 activations at xq + t n_in, xm + t n_in / 32. Each item's weights are loaded once (registers) for RPW rows and
+// dotted with every token's activations by dp4a, so the weights stream once for the batch and each token costs
+// ~1 instruction per 4 elements (the float kernels of matvec_common.cu cost ~4 per element a token).
+template <class Q, int NT, int RPW>
+__device__ __forceinline__ void matvec_q8t_body(const u8* __restrict__ w, const i8* __restrict__ xq,
+                                                const float4* __restrict__ xm, float* __restrict__ y, int n_out,
+                                                int n_blocks, int ntok, int wpr) {
+    __shared__ float red[MV_WARPS][RPW * NT];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int row0 = (blockIdx.x * (MV_WARPS / wpr) + warp / wpr) * RPW;
+    const int sub = warp % wpr;
+    const size_t row_bytes = (size_t)n_blocks * Q::TS;
+    const size_t n_in = (size_t)n_blocks * Q::BS;
+    const int nr = min(RPW, n_out - row0);
+    float acc[RPW][NT];
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[rr][t] = 0.0f;
+    if (nr > 0) {
+        const int n_items = n_blocks * Q::P;
+        const u8* w0 = w + (size_t)row0 * row_bytes;
+        for (int i = sub * WARP + lane; i < n_items; i += WARP * wpr) {
+            const int b = i / Q::P, p = i % Q::P;
+            typename Q::W wr[RPW];
+#pragma unroll
+            for (int rr = 0; rr < RPW; ++rr) {
+                const int rs = rr < nr ? rr : nr - 1;
+                wr[rr] = Q::load(w0 + rs * row_bytes + (size_t)b * Q::TS, p);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+                if (t < ntok) {
+                    const typename Q::X xv = Q::loadx(xq + t * n_in, xm + t * (n_in / 32), b, p);
+#pragma unroll
+                    for (int rr = 0; rr < RPW; ++rr) acc[rr][t] += Q::dot(wr[rr], xv, p);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int rr = 0; rr < RPW; ++rr)
+#pragma unroll
+        for (int t = 0; t < NT; ++t) acc[rr][t] = warp_sum(acc[rr][t]);
+    if (wpr == 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int rr = 0; rr < RPW; ++rr)
+#pragma unroll
+                for (int t = 0; t < NT; ++t)
+                    if (rr < nr && t < ntok) y[(size_t)t * n_out + row0 + rr] = acc[rr][t];
+        }
+        return;
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int rr = 0; rr < RPW; ++rr)
+#pragma unroll
+            for (int t = 0; t < NT; ++t) red[warp][rr * NT + t] = acc[rr][t];
+    }
+    __syncthreads();
+    if (sub == 0 && lane < RPW * NT) {  // RPW * NT <= 32
+        const int rr = lane / NT, t = lane % NT;
+        if (rr < nr && t < ntok) {
+            float sum = 0.0f;
+            for (int k = 0; k < wpr; ++k) sum += red[warp + k][lane];
+            y[(size_t)t * n_out + row0 + rr] = sum;
+        }
+    }
+}
+#define MVQ8T_ARGS                                                                                           \
+    const u8 *__restrict__ w, const i8 *__restrict__ xq, const float4 *__restrict__ xm, float *__restrict__ y, \
+        int n_out, int n_blocks, int ntok, int wpr
+#define Q8T_ENTRY(name, Q, NT)                                                                               \
+    extern "C" __global__ void __launch_bounds__(256) matvec_q8t_##name##_##NT(MVQ8T_ARGS) {                 \
+        matvec_q8t_body<Q, NT, 2>(w, xq, xm, y, n_out, n_blocks, ntok, wpr);                                 \
+    }
+Q8T_ENTRY(q4_k, Q4K8, 2)
+Q8T_ENTRY(q4_k, Q4K8, 4)
+Q8T_ENTRY(q4_k, Q4K8, 8)
+Q8T_ENTRY(q6_k, Q6K8, 2)
+Q8T_ENTRY(q6_k, Q6K8, 4)
+Q8T_ENTRY(q6_k, Q6K8, 8)
+
 // MoE (llama.cpp's MUL_MAT_ID) on q8 activations: grid (CTAs a matrix, slots, matrices). Slot s multiplies expert
 // ids[s] of matrix z (w0 or w1: (n_expert, n_out, row) blocks, expert_bytes apart) by the q8 activations of row
 // s / x_div (x_div = experts a token for gate/up, whose slots share their token's x; 1 for down, each slot its own
