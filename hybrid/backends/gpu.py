@@ -40,6 +40,7 @@ class GpuBackend:
         self._slots: dict[int, tuple[int, int]] = {}  # during a decode step: layer -> device slots of its k, v
         self._paged = None  # during a decode step over paged caches: its kv_cache.PagedArgs (device tables)
         self._tables: tuple = (None, None)  # (host tables and seq_of bytes, their PagedArgs): eager steps' memo
+        self._batch: tuple = (None, None)  # (a ragged batch, _batch_rows' answer): once for a step's layers
         self._q8_memo = None  # (x, its quantize_q8_1): the last one-token input quantized for a q8 matvec
         self._yarn: dict[tuple, tuple] = {}  # rope arguments -> (device angle factors, magnitude) for YaRN
         # GPU layers whose routed experts stay in host memory (-ot, --n-cpu-moe): backends/host_experts.py
@@ -396,18 +397,21 @@ class GpuBackend:
         from kernels_cpu.attention import seq_rows  # noqa: PLC0415 - the host side of the CPU's one-call batches
         from kernels_gpu.kv_cache import PagedArgs  # noqa: PLC0415
 
+        if self._batch[0] is kv:
+            return self._batch[1]
         spans = [(s.start, s.end) for s in kv.seqs]
-        if layers[0].table is None:
-            return None
-        rows = seq_rows(layers, spans, np.asarray(positions))  # checks every position's block
-        if rows.tables is None:
-            return None
-        key = ("batch", rows.tables.shape, rows.tables.tobytes(), rows.seq_of.tobytes())
-        if self._tables[0] != key:
-            self._no_capture("block tables from the host")
-            cp = self._cupy
-            self._tables = (key, PagedArgs(cp.asarray(rows.tables), cp.asarray(rows.seq_of), layers[0].block_size))
-        return self._tables[1], spans
+        answer = None
+        rows = None if layers[0].table is None else seq_rows(layers, spans, np.asarray(positions))  # blocks checked
+        if rows is not None and rows.tables is not None:
+            key = ("batch", rows.tables.shape, layers[0].block_size, rows.tables.tobytes(), rows.seq_of.tobytes())
+            if self._tables[0] != key:
+                self._no_capture("block tables from the host")
+                cp = self._cupy
+                self._tables = (key, PagedArgs(cp.asarray(rows.tables), cp.asarray(rows.seq_of),
+                                               layers[0].block_size))
+            answer = (self._tables[1], spans)
+        self._batch = (kv, answer)
+        return answer
 
     def _one_table(self, layer, positions: np.ndarray):
         """A paged layer's table on the device (PagedArgs of one sequence), its blocks for `positions` checked;
@@ -419,7 +423,7 @@ class GpuBackend:
 
         if positions.size:
             check_blocks(layer, int(positions.max()) + 1)  # every key's block exists
-        key = ("one", layer.table.tobytes())
+        key = ("one", layer.block_size, layer.table.tobytes())
         if self._tables[0] != key:
             self._no_capture("a block table from the host")
             self._tables = (key, PagedArgs(self._cupy.asarray(layer.table.reshape(1, -1)), None, layer.block_size))
