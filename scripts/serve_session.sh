@@ -45,47 +45,31 @@ wait_up() {  # wait_up URL PID: until /health answers 200 (300 s at most)
   return 1
 }
 
-serve_one() {  # serve_one hybrid|llama NGL ROUND
-  if [[ $1 == hybrid ]]; then serve_hybrid "$2" "$3"; else serve_llama "$2" "$3"; fi
+serve_one() {  # serve_one hybrid|llama NGL ROUND: start that server, load it with bench_serve.py, stop it
+  local tool=$1 ngl=$2 round=$3 pid port cmd
+  if [[ $tool == hybrid ]]; then
+    port=8091; cmd=(python3 -m hybrid serve "$MODEL")
+  else
+    [[ -x $LSERVER ]] || { echo "no llama-server"; tail -n 20 "$OUT/lbuild.log" "$OUT/lcmake.log" 2>/dev/null; return; }
+    port=8092; cmd=("$LSERVER" -m "$MODEL" -fa on)
+  fi
+  stamp "$tool -ngl $ngl -np $NP, round $round"
+  "${cmd[@]}" -ngl "$ngl" -np "$NP" -c "$CTX" -t "$THREADS" --port $port > "$OUT/${tool}_serve_${ngl}_$round.log" 2>&1 &
+  pid=$!
+  if wait_up http://127.0.0.1:$port $pid; then
+    timeout -k 5 400 python3 scripts/bench_serve.py --url http://127.0.0.1:$port --label "$tool -ngl $ngl" \
+      -c "$CONC" --requests "$REQUESTS" --prompt-tokens "$PROMPT" --max-tokens "$GEN" --prefix-tokens 0 \
+      --json "$OUT/${tool}_${ngl}_$round.json" 2>&1 | tail -n 7
+    [[ $tool == hybrid ]] && curl -s http://127.0.0.1:$port/metrics | grep -E "kv_blocks|preempt" | head -4
+  else
+    echo "$tool did not come up:"; tail -n 5 "$OUT/${tool}_serve_${ngl}_$round.log"
+  fi
+  kill $pid 2>/dev/null; wait $pid 2>/dev/null
 }
 
 serve_pair() {  # serve_pair NGL ROUND
-  serve_hybrid "$1" "$2"
-  serve_llama "$1" "$2"
-}
-
-serve_hybrid() {  # serve_hybrid NGL ROUND
-  local ngl=$1 round=$2 pid
-  stamp "hybrid serve -ngl $ngl -np $NP, round $round"
-  python3 -m hybrid serve "$MODEL" -ngl "$ngl" -np "$NP" -c "$CTX" -t "$THREADS" --port 8091 \
-    > "$OUT/hybrid_serve_${ngl}_$round.log" 2>&1 &
-  pid=$!
-  if wait_up http://127.0.0.1:8091 $pid; then
-    timeout -k 5 400 python3 scripts/bench_serve.py --url http://127.0.0.1:8091 --label "hybrid -ngl $ngl" \
-      -c "$CONC" --requests "$REQUESTS" --prompt-tokens "$PROMPT" --max-tokens "$GEN" --prefix-tokens 0 \
-      --json "$OUT/hybrid_${ngl}_$round.json" 2>&1 | tail -n 7
-    curl -s http://127.0.0.1:8091/metrics | grep -E "kv_blocks|preempt" | head -4
-  else
-    echo "hybrid serve did not come up:"; tail -n 5 "$OUT/hybrid_serve_${ngl}_$round.log"
-  fi
-  kill $pid 2>/dev/null; wait $pid 2>/dev/null
-}
-
-serve_llama() {  # serve_llama NGL ROUND
-  local ngl=$1 round=$2 pid
-  [[ -x $LSERVER ]] || { echo "no llama-server"; tail -n 20 "$OUT/lbuild.log" "$OUT/lcmake.log" 2>/dev/null; return; }
-  stamp "llama-server -ngl $ngl -np $NP, round $round"
-  "$LSERVER" -m "$MODEL" -ngl "$ngl" -np "$NP" -c "$CTX" -t "$THREADS" -fa on --port 8092 \
-    > "$OUT/llama_serve_${ngl}_$round.log" 2>&1 &
-  pid=$!
-  if wait_up http://127.0.0.1:8092 $pid; then
-    timeout -k 5 400 python3 scripts/bench_serve.py --url http://127.0.0.1:8092 --label "llama-server -ngl $ngl" \
-      -c "$CONC" --requests "$REQUESTS" --prompt-tokens "$PROMPT" --max-tokens "$GEN" --prefix-tokens 0 \
-      --json "$OUT/llama_${ngl}_$round.json" 2>&1 | tail -n 7
-  else
-    echo "llama-server did not come up:"; tail -n 5 "$OUT/llama_serve_${ngl}_$round.log"
-  fi
-  kill $pid 2>/dev/null; wait $pid 2>/dev/null
+  serve_one hybrid "$1" "$2"
+  serve_one llama "$1" "$2"
 }
 
 case ${STAGE:-setup} in
