@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from kernels_cpu import x8_layout
 from kernels_cpu.simd import cvt_f32, fmav_f32, load_f16x8, load_i8x32, prefetch, store_f32x8, zero_f32
 from kernels_cpu.simd_int import abs_i8, add_i32, and_i8, lut16_i8, madd, maddubs, shr_i8, sign_i8, splat_i8, zero_i32
 from kernels_cpu.simd_x8 import (bcast_i8x8, dpbusd, dup_hi_f32, dup_lo_f32, has_vnni, mul_i32, pairsum_sub_f32,
@@ -42,18 +43,12 @@ KVALUES_U = (KVALUES.view(np.int8).astype(np.int32) + 128).astype(np.uint8)
 
 def repackable(shape: tuple[int, ...]) -> bool:
     """Whether an IQ4_XS matrix of numpy shape (n_out, n_in) can be interleaved: whole groups of 8 rows."""
-    return len(shape) == 2 and shape[0] > 0 and shape[0] % ROWS == 0 and shape[1] % QK_K == 0
+    return x8_layout.repackable(shape, QK_K)
 
 
 def repack(raw: np.ndarray) -> np.ndarray:
     """IQ4_XS rows uint8 (n_out, nb * 136) -> the interleaved layout, uint8 (n_out, nb * 138); groups in parallel."""
-    n_out, rb = raw.shape
-    nb = rb // ROW_BLOCK
-    if not repackable((n_out, nb * QK_K)) or rb != nb * ROW_BLOCK:
-        raise ValueError(f"cannot interleave an IQ4_XS matrix of {n_out} rows of {rb} bytes (8-row groups needed)")
-    out = np.empty((n_out, nb * ROW_BLOCK_BYTES), dtype=np.uint8)
-    _repack_groups(np.ascontiguousarray(raw).reshape(-1), nb, out.reshape(-1))
-    return out
+    return x8_layout.interleave(raw, "an IQ4_XS", QK_K, ROW_BLOCK, ROW_BLOCK_BYTES, _repack_groups)
 
 
 @njit(inline="always")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from kernels_cpu import x8_layout
 from kernels_cpu.simd import cvt_f32, fmav_f32, load_f16x8, load_i8x32, prefetch, store_f32x8, zero_f32
 from kernels_cpu.simd_int import add_i16, and_i8, madd, maddubs, or_i8, shl_i8, shr_i8, splat_i8, splat_i16, zero_i32
 from kernels_cpu.simd_k import sub_i16
@@ -38,18 +39,14 @@ PREFETCH_BYTES = 4096
 
 def repackable(shape: tuple[int, ...]) -> bool:
     """Whether a matrix of numpy shape (n_out, n_in) can be interleaved: whole groups of 8 rows."""
-    return len(shape) == 2 and shape[0] > 0 and shape[0] % ROWS == 0 and shape[1] % QK == 0
+    return x8_layout.repackable(shape, QK)
 
 
 def _repack(raw: np.ndarray, name: str) -> np.ndarray:
     row_block, _ = BYTES[name]
-    n_out, rb = raw.shape
-    nb = rb // row_block
-    if not repackable((n_out, nb * QK)) or rb != nb * row_block:
-        raise ValueError(f"cannot interleave a {name} matrix of {n_out} rows of {rb} bytes (8-row groups needed)")
-    out = np.empty((n_out, rb), dtype=np.uint8)
-    _repack_groups(np.ascontiguousarray(raw).reshape(-1), nb, name == "Q5_0", out.reshape(-1))
-    return out
+    five = name == "Q5_0"
+    return x8_layout.interleave(raw, f"a {name}", QK, row_block, row_block,
+                                lambda src, nb, dst: _repack_groups(src, nb, five, dst))
 
 
 @njit(cache=True, parallel=True)

@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit, prange
 
 from gguf_io.quants_legacy import e8m0_to_fp32_half
+from kernels_cpu import x8_layout
 from kernels_cpu.simd import cvt_f32, fmav_f32, load_i8x32, prefetch, store_f32x8, store_scaled, zero_f32
 from kernels_cpu.simd_int import add_i16, and_i8, lut16_i8, madd, maddubs, shr_i8, splat_i8, splat_i16, zero_i32
 from kernels_cpu.simd_k import sub_i16
@@ -41,18 +42,12 @@ E8M0_HALF = e8m0_to_fp32_half(np.arange(256, dtype=np.uint8))  # ggml_e8m0_to_fp
 
 def repackable(shape: tuple[int, ...]) -> bool:
     """Whether a matrix of numpy shape (n_out, n_in) can be interleaved: whole groups of 8 rows."""
-    return len(shape) == 2 and shape[0] > 0 and shape[0] % ROWS == 0 and shape[1] % QK == 0
+    return x8_layout.repackable(shape, QK)
 
 
 def repack(raw: np.ndarray) -> np.ndarray:
     """MXFP4 rows uint8 (n_out, nb * 17) -> the interleaved layout (same shape); groups in parallel."""
-    n_out, rb = raw.shape
-    nb = rb // ROW_BLOCK
-    if not repackable((n_out, nb * QK)) or rb != nb * ROW_BLOCK:
-        raise ValueError(f"cannot interleave an MXFP4 matrix of {n_out} rows of {rb} bytes (8-row groups needed)")
-    out = np.empty((n_out, rb), dtype=np.uint8)
-    _repack_groups(np.ascontiguousarray(raw).reshape(-1), nb, out.reshape(-1))
-    return out
+    return x8_layout.interleave(raw, "an MXFP4", QK, ROW_BLOCK, ROW_BLOCK, _repack_groups)
 
 
 @njit(cache=True, parallel=True)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from kernels_cpu import x8_layout
 from kernels_cpu.simd import (cvt_f32, fmav_f32, load_f16, load_f16x8, load_i8x32, prefetch, store_f32x8,
                               store_scaled, zero_f32)
 from kernels_cpu.simd_int import add_i16, add_i32, and_i8, madd, maddubs, shr_i8, zero_i32
@@ -45,18 +46,12 @@ FAST = {"nnan", "ninf", "nsz", "arcp", "contract", "afn"}
 
 def repackable(shape: tuple[int, ...]) -> bool:
     """Whether a Q4_K matrix of numpy shape (n_out, n_in) can be interleaved: whole groups of 8 rows."""
-    return len(shape) == 2 and shape[0] > 0 and shape[0] % ROWS == 0 and shape[1] % QK_K == 0
+    return x8_layout.repackable(shape, QK_K)
 
 
 def repack(raw: np.ndarray) -> np.ndarray:
     """Q4_K rows uint8 (n_out, nb * 144) -> the interleaved layout, uint8 (n_out, nb * 148); groups in parallel."""
-    n_out, rb = raw.shape
-    nb = rb // 144
-    if not repackable((n_out, nb * QK_K)) or rb != nb * 144:
-        raise ValueError(f"cannot interleave a Q4_K matrix of {n_out} rows of {rb} bytes (8-row groups needed)")
-    out = np.empty((n_out, nb * ROW_BLOCK_BYTES), dtype=np.uint8)
-    _repack_groups(np.ascontiguousarray(raw).reshape(-1), nb, out.reshape(-1))
-    return out
+    return x8_layout.interleave(raw, "a Q4_K", QK_K, 144, ROW_BLOCK_BYTES, _repack_groups)
 
 
 @njit(inline="always")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from kernels_cpu import x8_layout
 from kernels_cpu.simd import (cvt_f32, fmav_f32, load_f16, load_f16x8, load_i8x32, prefetch, store_f32x8, store_scaled,
                               zero_f32)
 from kernels_cpu.simd_int import abs_i8, add_i32, addc_i8, dot_u8i8, hsum_i32, sign_i8, splat_i8, zero_i32
@@ -36,18 +37,12 @@ PREFETCH_BYTES = 4096
 
 def repackable(shape: tuple[int, ...]) -> bool:
     """Whether a matrix of numpy shape (n_out, n_in) can be interleaved: whole groups of 8 rows."""
-    return len(shape) == 2 and shape[0] > 0 and shape[0] % ROWS == 0 and shape[1] % QK == 0
+    return x8_layout.repackable(shape, QK)
 
 
 def repack(raw: np.ndarray) -> np.ndarray:
     """Q8_0 rows uint8 (n_out, nb * 34) -> the interleaved layout (same shape)."""
-    n_out, rb = raw.shape
-    nb = rb // ROW_BLOCK
-    if not repackable((n_out, nb * QK)) or rb != nb * ROW_BLOCK:
-        raise ValueError(f"cannot interleave a Q8_0 matrix of {n_out} rows of {rb} bytes (8-row groups needed)")
-    out = np.empty((n_out, rb), dtype=np.uint8)
-    _repack_groups(np.ascontiguousarray(raw).reshape(-1), nb, out.reshape(-1))
-    return out
+    return x8_layout.interleave(raw, "a Q8_0", QK, ROW_BLOCK, ROW_BLOCK, _repack_groups)
 
 
 @njit(cache=True, parallel=True)
