@@ -23,16 +23,14 @@ cupy = pytest.importorskip("cupy")
 from hybrid.engine import Engine, EngineParams  # noqa: E402
 from hybrid.kv.paged import PagedKV  # noqa: E402
 from hybrid.server.paged_scheduler import PagedScheduler  # noqa: E402
-from hybrid.server.scheduler import Request  # noqa: E402
-from hybrid.generate.sampling import SamplingParams  # noqa: E402
 from hybrid.tools.synth.model import ModelShape, make_model  # noqa: E402
 from kernels_gpu.attention import attention  # noqa: E402
 from kernels_gpu.kv_cache import PagedArgs, alloc_kv_layer, kv_store  # noqa: E402
+from test_serve_paged import _run  # noqa: E402 - every prompt through a scheduler, admitted as slots free up
 
 pytestmark = pytest.mark.gpu
 
 SHAPE = ModelShape(n_layer=4, n_embd=256, n_head=4, n_head_kv=2, n_ff=512, n_vocab=1024)
-GREEDY = SamplingParams(temp=0.0)
 BATCH_RTOL = 0.05  # of the largest logit: float vs 8-bit activations in the matvecs
 CLEAR_GAP = 0.1  # a top-1 compared only where the reference's top-2 are this far apart
 
@@ -191,17 +189,8 @@ def test_the_paged_scheduler_serves_on_the_gpu_and_gives_every_block_back(engine
     rng = np.random.default_rng(8)
     prompts = [[int(t) for t in rng.integers(3, SHAPE.n_vocab, n)] for n in (9, 40, 70, 12, 25, 100, 3, 50)]
     sched = PagedScheduler(engine, 4, 64, 256, 1024, block_size=32)
-    out: dict[int, list[int]] = {}
-    index: dict[int, int] = {}
-    pending = list(range(len(prompts)))
-    while pending or sched.running or getattr(sched, "preempted", ()):
-        while pending and sched.free_slots:
-            i = pending.pop(0)
-            index[id(sched.admit(Request(prompts[i], GREEDY, 12)))] = i
-        for ev in sched.step():
-            if ev.token is not None:
-                out.setdefault(index[id(ev.seq)], []).append(ev.token)
-    assert [len(out.get(i, [])) for i in range(len(prompts))] == [12] * len(prompts)
+    out = _run(sched, prompts, 12)
+    assert [len(o) for o in out] == [12] * len(prompts)
     for i in (0, 5):  # the first token: the prompt's greedy one (when clear)
         logits = engine.eval(prompts[i], engine.new_cache(256))
         top2 = np.sort(logits)[-2:]
