@@ -29,7 +29,7 @@ FAM_LEGACY, FAM_K = 1, 2
 def int_dots(x, mats, ys, empty_w, empty_y, n_threads):
     """ys[i] = x @ w_i.T for the up to three weights of mats = ((w0, w1, w2), kinds, fams) (fams[i] = 0: unused
     slot, weight empty_w, output empty_y), one driver call per family on x quantized once for it: what
-    kernels_cpu.matmul.matmuls does below GEMM_MIN_TOKENS. Every call site passes the same types (one compile)."""
+    kernels_cpu.matmul.matmuls does for few tokens. Every call site passes the same types (one compile)."""
     ws, kinds, fams = mats
     n_tok, n_in = x.shape
     rows_per_block = np.int64(ROWS_PER_BLOCK)

@@ -4,12 +4,15 @@ several weights times the same x (q/k/v, gate/up), in one parallel pass where th
 One explicit `KERNELS` entry per GGML type; anything else raises `UnsupportedQuantType` (no silent fallback).
 Like ggml, the activations are first converted to the weight type's vec_dot_type (`CpuKernel.vec_dot_type`).
 Few tokens (decode): SIMD integer dot products on the raw blocks (`vec_dot_legacy`, `vec_dot_k`; for Q8_0, Q6_K and
-the X8 layouts of Q4_0/Q5_0/Q8_0/Q4_K 4 tokens a pass over the weights, bit-equal to a token at a time); a batch of
-GEMM_MIN_TOKENS or more (prefill): rows decoded to float32 once per block of rows and a register-blocked
-float32 GEMM (`gemm_f32`). Both compute ggml's sums over the same quantized values (integer block sums scaled
-in float32, or float32 products of the exactly decoded values): they differ only in float32 rounding.
+the X8 layouts of Q4_0/Q5_0/Q8_0/Q4_K 4 tokens a pass over the weights, bit-equal to a token at a time); a batch
+of `gemm_min_tokens(type)` or more (prefill; 64 tokens, or never for the types whose dots win with VNNI): rows
+decoded to float32 once per block of rows and a register-blocked float32 GEMM (`gemm_f32`). Both compute ggml's
+sums over the same quantized values (integer block sums scaled in float32, or float32 products of the exactly
+decoded values): they differ only in float32 rounding.
 """
 
+import functools
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -17,7 +20,7 @@ import numba
 import numpy as np
 
 from gguf_io.errors import UnsupportedQuantType
-from kernels_cpu import act_quant, gemm_f32, quant_dot_float, sched, vec_dot_iq, vec_dot_k, vec_dot_legacy
+from kernels_cpu import act_quant, gemm_f32, quant_dot_float, sched, simd_x8, vec_dot_iq, vec_dot_k, vec_dot_legacy
 
 
 @dataclass(frozen=True)
@@ -28,20 +31,33 @@ class CpuKernel:
     block_size: int  # elements per block
     type_size: int  # bytes per block
     vec_dot_type: str  # what the activations are converted to: "F32", "F16", "BF16", "Q8_0", "Q8_K"
-    run: Callable[[np.ndarray, np.ndarray, np.ndarray], None]  # (w_raw, x 2-D, y 2-D) -> None, fills y
+    run: Callable[[np.ndarray, np.ndarray, np.ndarray, bool], None]  # (w_raw, x 2-D, y 2-D, gemm) fills y
     row_group: int = 1  # the rows come in groups of this many (repacked layouts)
 
 
-# Batches of at least this many tokens go through the float32 GEMM (weights decoded once per row block);
-# smaller ones through integer dot products on the raw blocks (decode, tg). Measured on Zen 3: the dots cost
-# ~0.1 ms per token for a 2048 x 640 Q5_0 or 640 x 2048 Q4_K/Q6_K matrix, the GEMM ~0.65 ms flat up to 16
-# tokens (one padded panel): the speed crossover is 6-9 tokens. We switch at 64: the integer path is llama.cpp's own
-# arithmetic (int8 activation x quantized weight, summed exactly), the GEMM sums the same products in float32;
-# they differ by ~1e-6 relative per product, which a small model amplifies through later 8-bit activation
-# roundings (measured on Gemma 3 270M: with the GEMM from 8 tokens, a 13-token prompt's greedy output left
-# llama.cpp's at step 5). Short prompts and decode follow llama.cpp exactly; long prefills (compute-bound, where
-# the GEMM is 2x faster) take the GEMM.
-GEMM_MIN_TOKENS = 64
+# Batches of fewer tokens than this are decode-sized: the fused per-layer kernels (hybrid.backends.cpu_fused,
+# cpu_whole, cpu_moe) take them in one call through the integer dots, and kernels_cpu.moe sends an expert's group of
+# this many or more to the float GEMM. The same on every host; not the matmul crossover below (gemm_min_tokens).
+SMALL_BATCH_TOKENS = 64
+# The matmul crossover: batches of at least gemm_min_tokens(type) tokens go through the float32 GEMM (weights
+# decoded once per row block), smaller ones through the integer dots on the raw blocks. Without VNNI (measured on
+# Zen 3): the dots cost ~0.1 ms per token for a 2048 x 640 Q5_0 or 640 x 2048 Q4_K/Q6_K matrix, the GEMM ~0.65 ms
+# flat up to 16 tokens (one padded panel): the speed crossover is 6-9 tokens. We switch at 64 there: the integer path
+# is llama.cpp's own arithmetic (int8 activation x quantized weight, summed exactly), the GEMM sums the same
+# products in float32; they differ by ~1e-6 relative per product, which a small model amplifies through later 8-bit
+# activation roundings (measured on Gemma 3 270M: with the GEMM from 8 tokens, a 13-token prompt's greedy output
+# left llama.cpp's at step 5). Short prompts and decode follow llama.cpp exactly; long prefills (compute-bound; the
+# GEMM was 2x faster on the Zen 3) take the GEMM.
+GEMM_MIN_TOKENS_AVX2 = SMALL_BATCH_TOKENS
+# With VNNI (kernels_cpu.simd_x8.has_vnni) the integer dots of these types outran the GEMM at every batch measured,
+# 32 to 512 tokens (2-core Zen 5, 2 threads, `python3 scripts/bench_crossover.py`; integer / GEMM time: 0.27-0.56
+# for the X8 layouts of Q4_K, Q5_0, Q4_0 and Q8_0 on the demo model's and Llama 1B's shapes, 0.66-0.81 Q6_K, flat
+# in the batch, 1024 and 2048 tokens included; 0.62-0.76 IQ4_XS_X8 and MXFP4_X8 at 64 and 512 tokens on 2048 x
+# 2048): they never take the GEMM there.
+# The other types keep GEMM_MIN_TOKENS_AVX2: Q4_K in the file's layout is level (0.85-1.10), the file layouts of
+# the legacy types and the other K- and IQ-quants are 1.1-8x slower through their dots.
+INT_DOTS_VNNI = frozenset({"Q4_K_X8", "Q5_0_X8", "Q4_0_X8", "Q8_0_X8", "IQ4_XS_X8", "MXFP4_X8", "Q6_K"})
+NEVER = sys.maxsize  # a crossover no batch reaches
 INT_ROWS_PER_BLOCK = 16  # integer dots: rows that stay in L1 while every token of a small batch passes
 # Integer dots: the rows of one call are split into about this many tasks a thread, claimed dynamically (as ggml's
 # chunks): contiguous runs long enough for the prefetchers (16-row tasks claimed in turn by 2 threads streamed
@@ -50,10 +66,20 @@ INT_ROWS_PER_BLOCK = 16  # integer dots: rows that stay in L1 while every token 
 INT_TASKS_PER_THREAD = 4
 
 
+@functools.cache
+def _host_vnni() -> bool:
+    return simd_x8.host_vnni()  # the target's features do not change in a process
+
+
+def gemm_min_tokens(type_name: str) -> int:
+    """This host's crossover for a `type_name` weight: batches of this many tokens or more take the float32 GEMM."""
+    return NEVER if type_name in INT_DOTS_VNNI and _host_vnni() else GEMM_MIN_TOKENS_AVX2
+
+
 def _float_runner(kind, convert, small):
-    def run(w, x, y):
+    def run(w, x, y, gemm):
         xc = convert(x)
-        if x.shape[0] >= GEMM_MIN_TOKENS:
+        if gemm:
             gemm_f32.gemm(w, gemm_f32.FLOAT, kind, gemm_f32.pack_f32(xc), x.shape[0], y, numba.get_num_threads())
         else:
             small(w, xc, y)
@@ -116,8 +142,8 @@ def _k_dots(ws, kinds, x, ys):
 def _legacy_runner(kind):
     with_min = kind in (vec_dot_legacy.Q4_1, vec_dot_legacy.Q5_1)
 
-    def run(w, x, y):
-        if x.shape[0] >= GEMM_MIN_TOKENS:
+    def run(w, x, y, gemm):
+        if gemm:
             qs, d, sums = act_quant.quantize_q8_1(x)
             gemm_f32.gemm(w, gemm_f32.LEGACY, kind, gemm_f32.pack_q8(qs, d, 32), x.shape[0], y,
                           numba.get_num_threads())
@@ -141,8 +167,8 @@ def _q8_1_min_term(w, qs, d, sums, y):
 
 
 def _k_runner(kind):
-    def run(w, x, y):
-        if x.shape[0] >= GEMM_MIN_TOKENS:
+    def run(w, x, y, gemm):
+        if gemm:
             qs, d, _ = act_quant.quantize_q8_k(x)
             gemm_f32.gemm(w, gemm_f32.K_QUANT, kind, gemm_f32.pack_q8(qs, d, 256), x.shape[0], y,
                           numba.get_num_threads())
@@ -252,11 +278,12 @@ def _prepare(w_raw, type_name, x):
     return kernel, w_raw, n_out, n_in
 
 
-def matmul(w_raw, type_name, x, out=None):
+def matmul(w_raw, type_name, x, out=None, gemm_from=None):
     """y = x @ W.T with W kept in its raw GGML blocks.
 
     w_raw: uint8 (n_out, row_bytes), C-contiguous, rows of `type_name` blocks (a memmap view is fine);
     x: float32 (n_tok, n_in) or (n_in,); out: optional float32 (n_tok, n_out) or (n_out,) to fill.
+    gemm_from: batches of this many tokens or more take the float GEMM (None: the host's, gemm_min_tokens).
     Returns y float32 (n_tok, n_out), or (n_out,) for a 1-D x.
     Raises UnsupportedQuantType for a type without a kernel, ValueError for bad dtypes, layouts or shapes.
     """
@@ -271,17 +298,18 @@ def matmul(w_raw, type_name, x, out=None):
         if out.shape != y_shape:
             raise ValueError(f"out has shape {out.shape}, expected {y_shape}")
     if n_out and x2.shape[0]:
-        kernel.run(w_raw, x2, np.asarray(out).reshape(-1, n_out))
+        gemm = x2.shape[0] >= (gemm_min_tokens(type_name) if gemm_from is None else gemm_from)
+        kernel.run(w_raw, x2, np.asarray(out).reshape(-1, n_out), gemm)
     return out
 
 
-def matmuls(weights, x) -> list[np.ndarray]:
+def matmuls(weights, x, gemm_from=None) -> list[np.ndarray]:
     """[x @ W.T for (W, type) in weights]: several weights times the same x (q/k/v, gate/up).
 
-    weights: sequence of (w_raw, type_name) as matmul's; x: float32 (n_tok, n_in), C-contiguous. Returns float32
-    (n_tok, n_out_i) arrays, equal to matmul's one by one. Below GEMM_MIN_TOKENS, the weights whose types share an
-    integer activation type (Q8_0: the legacy types; Q8_K: the K-quants) are multiplied in one parallel pass, up to
-    three at a time, on x quantized once; the rest, and batches, go one by one.
+    weights: sequence of (w_raw, type_name) as matmul's; x: float32 (n_tok, n_in), C-contiguous; gemm_from as
+    matmul's. Returns float32 (n_tok, n_out_i) arrays, equal to matmul's one by one. The weights whose batch takes
+    the integer dots and whose types share an integer activation type (Q8_0: the legacy types; Q8_K: the K-quants)
+    are multiplied in one parallel pass, up to three at a time, on x quantized once; the rest go one by one.
     """
     _check_array("x", x, np.float32, (2,))
     prepared = [_prepare(w_raw, type_name, x) for w_raw, type_name in weights]
@@ -290,14 +318,15 @@ def matmuls(weights, x) -> list[np.ndarray]:
     if n_tok == 0:
         return outs
     groups: dict[str, list[int]] = {}
+    gemm = [n_tok >= (gemm_min_tokens(k.name) if gemm_from is None else gemm_from) for k, _, _, _ in prepared]
     for i, (kernel, _, n_out, _) in enumerate(prepared):
-        fused = n_tok < GEMM_MIN_TOKENS and kernel.vec_dot_type in _INT_FAMILIES and n_out
+        fused = not gemm[i] and kernel.vec_dot_type in _INT_FAMILIES and n_out
         groups.setdefault(kernel.vec_dot_type if fused else f"one {i}", []).append(i)
     for family, idx in groups.items():
         if family not in _INT_FAMILIES:
             for i in idx:
                 if outs[i].size:
-                    prepared[i][0].run(prepared[i][1], x, outs[i])
+                    prepared[i][0].run(prepared[i][1], x, outs[i], gemm[i])
             continue
         codes, dots = _INT_FAMILIES[family]
         for c in range(0, len(idx), 3):

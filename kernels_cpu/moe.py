@@ -5,9 +5,11 @@ experts or tokens. The same arithmetic as the op-by-op path (hybrid/model/arch/b
 so the results are the same bit for bit:
 
 - the (token, slot) pairs are grouped by expert, then token (moe_route.group_pairs); an expert's pairs are the
-  batch kernels_cpu.matmul would see, and like it a group of GEMM_MIN_TOKENS or more goes through the float GEMM
+  batch kernels_cpu.matmul would see. A group of SMALL_BATCH_TOKENS or more goes through the float GEMM
   (gemm_f32.gemm_rows on packed panels of its tokens), a smaller one through the integer dots (rows_dot of
-  vec_dot_legacy / vec_dot_k). Neither one's sums depend on the other tokens in the batch.
+  vec_dot_legacy / vec_dot_k), as matmul's crossover of 64 does (with VNNI matmul keeps the types of
+  INT_DOTS_VNNI on the dots at any batch: such groups then differ from the op-by-op path by float32 rounding).
+  Neither one's sums depend on the other tokens in the batch.
 - one parallel region per projection: gate and up of every selected expert, then down; tasks of (expert, rows)
   claimed dynamically (kernels_cpu.sched). A gate/up task computes the same rows of both and their GLU. The
   activations are quantized once a token for gate/up and once a pair for down (each expert's own GLU output), as
@@ -17,7 +19,7 @@ so the results are the same bit for bit:
 
 Expert weights: (w uint8 (n_expert, n_out, row_bytes) read-only, kind, family) with kind a vec_dot_legacy or
 vec_dot_k type code and family fused_layer.FAM_LEGACY or FAM_K (0: no matrix; its w has 0 experts). Q4_1/Q5_1
-groups of GEMM_MIN_TOKENS or more are not covered (the GEMM's min term is a numpy product in kernels_cpu.matmul):
+groups of SMALL_BATCH_TOKENS or more are not covered (the GEMM's min term is a numpy product in kernels_cpu.matmul):
 the caller keeps such batches on the op-by-op path.
 """
 
@@ -28,7 +30,7 @@ from numba.typed import List
 from kernels_cpu import act_quant, fused_layer, gemm_f32, norm, vec_dot_k, vec_dot_legacy
 from kernels_cpu.activations import _glu_serial  # the serial GLU of glu_rows, for a task's rows
 from kernels_cpu.fused_layer import FAM_K, FAM_LEGACY
-from kernels_cpu.matmul import GEMM_MIN_TOKENS, INT_ROWS_PER_BLOCK, INT_TASKS_PER_THREAD
+from kernels_cpu.matmul import INT_ROWS_PER_BLOCK, INT_TASKS_PER_THREAD, SMALL_BATCH_TOKENS
 from kernels_cpu.moe_route import group_pairs, route_topk
 from kernels_cpu.quant_dot_float import matmul_f32
 from kernels_cpu.sched import next_task
@@ -97,7 +99,7 @@ def _plan(used, offsets, n_out, n_threads):
     dot_rows, n_gemm, n_panels = 0, 0, 0
     for e in used:
         cnt = offsets[e + 1] - offsets[e]
-        if cnt >= GEMM_MIN_TOKENS:
+        if cnt >= SMALL_BATCH_TOKENS:
             n_gemm += (n_out + GEMM_ROWS - 1) // GEMM_ROWS
             panel0[e] = n_panels
             n_panels += (cnt + NR - 1) // NR
@@ -107,14 +109,14 @@ def _plan(used, offsets, n_out, n_threads):
     per = max(1, -(-per // INT_ROWS_PER_BLOCK)) * INT_ROWS_PER_BLOCK
     n_dot = 0
     for e in used:
-        if offsets[e + 1] - offsets[e] < GEMM_MIN_TOKENS:
+        if offsets[e + 1] - offsets[e] < SMALL_BATCH_TOKENS:
             n_dot += (n_out + per - 1) // per
     tasks = np.empty((n_gemm + n_dot, 3), dtype=np.int64)
     panels = np.empty((n_panels, 2), dtype=np.int64)
     i, j = 0, n_gemm
     for e in used:
         off, cnt = offsets[e], offsets[e + 1] - offsets[e]
-        big = cnt >= GEMM_MIN_TOKENS
+        big = cnt >= SMALL_BATCH_TOKENS
         step = GEMM_ROWS if big else per
         for r0 in range(0, n_out, step):
             k = i if big else j
@@ -133,12 +135,12 @@ def _plan(used, offsets, n_out, n_threads):
 @njit(inline="always")
 def _rows(mat, f, e, r0, r1, off, cnt, src, leg, kq, xp_leg, xp_k, panel0, y, wd, c):
     """y[p, r0:r1] = rows r0..r1 of expert e's matrix of mat (flat bytes f) . the activations of row src[p], for
-    the pairs p of e (off, cnt): the float GEMM for a group of GEMM_MIN_TOKENS or more, else the integer dots."""
+    the pairs p of e (off, cnt): the float GEMM for a group of SMALL_BATCH_TOKENS or more, else the integer dots."""
     kind, fam = mat[1], mat[2]
     n_out, rb = mat[0].shape[1], mat[0].shape[2]
     n_in = kq[0].shape[1] if fam == FAM_K else leg[0].shape[1]
     wf = f[e * n_out * rb:(e + 1) * n_out * rb]
-    if cnt >= GEMM_MIN_TOKENS:
+    if cnt >= SMALL_BATCH_TOKENS:
         xp = xp_k if fam == FAM_K else xp_leg
         gemm_f32.gemm_rows(gemm_f32.K_QUANT if fam == FAM_K else gemm_f32.LEGACY, kind, wf, rb, n_in, r0, r1 - r0,
                            xp.reshape(xp.size), panel0[e], (cnt + NR - 1) // NR, cnt, y[off:off + cnt], wd, c)
@@ -287,7 +289,7 @@ def moe_experts_biased(n_threads, h, ids, weights, gate, up, down, empty, glu_op
 def moe_ffn(n_threads, h, logits, router, n_used, normalize, gate, up, down, empty, glu_op, table):
     """blocks.moe_ffn of the normed h float32 (n_tok, n_embd) -> (n_tok, n_embd): router logits float32
     (n_tok, n_expert) given, or, when logits has another number of rows, router float32 (n_expert, n_embd) times h
-    here (quant_dot_float.matmul_f32: kernels_cpu.matmul's F32 product below GEMM_MIN_TOKENS); then
+    here (quant_dot_float.matmul_f32: kernels_cpu.matmul's F32 product below gemm_min_tokens("F32")); then
     moe_route.route_topk and moe_experts."""
     if logits.shape[0] != h.shape[0]:
         logits = np.empty((h.shape[0], router.shape[0]), dtype=np.float32)

@@ -1,5 +1,5 @@
 """Matrix products of few tokens (decode) for the float weight types F32, F16 and BF16; kernels_cpu.matmul
-sends batches of GEMM_MIN_TOKENS or more to gemm_f32.
+sends batches of gemm_min_tokens(type) (64) or more to gemm_f32.
 
 ggml converts the activations to the weight's vec_dot_type first (F16 -> fp16, BF16 -> bf16, see
 `act_quant.round_to_f16/round_to_bf16`); the products are then accumulated in float32.

@@ -13,8 +13,8 @@ from numba import types
 from numba.extending import intrinsic
 
 from kernels_cpu.simd import (FORCE_GENERIC, F32x8, I8x32, I16x16, I32x8, _F32x8, _I8, _I16, _I32, _I64, _V8x32,
-                              _V16x16, _V32x8, _features, ir_call, ir_const_vec, ir_intp, ir_ptr, ir_shuffle, ir_splat,
-                              is_bytes_array)
+                              _V16x16, _V32x8, _features, host_features, ir_call, ir_const_vec, ir_intp, ir_ptr,
+                              ir_shuffle, ir_splat, is_bytes_array)
 
 
 @intrinsic
@@ -191,9 +191,19 @@ def pairsum_sub_f32(typingctx, lo, hi, m):
 
 
 # -- VNNI (vpdpbusd): 4 unsigned x signed byte products summed into an int32 lane, exactly ------------------------
+def vnni_in(features) -> bool:
+    """Whether target features (a set of names) give vpdpbusd on 256-bit registers: AVX-VNNI, or AVX-512 VNNI+VL."""
+    return "avxvnni" in features or {"avx512vnni", "avx512vl"} <= features
+
+
 def _vnni(context) -> bool:
-    f = _features(context)
-    return ("avxvnni" in f or {"avx512vnni", "avx512vl"} <= f) and not FORCE_GENERIC[0]
+    return vnni_in(_features(context)) and not FORCE_GENERIC[0]
+
+
+def host_vnni() -> bool:
+    """has_vnni()'s answer for this process's target (the host, or what NUMBA_CPU_NAME/NUMBA_CPU_FEATURES make it),
+    in plain Python for dispatch code; FORCE_GENERIC, a switch of tests for the kernels they compile, is not asked."""
+    return vnni_in(host_features())
 
 
 @intrinsic

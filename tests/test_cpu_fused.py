@@ -12,7 +12,7 @@ from hybrid.model.arch.blocks import layer_forward
 from hybrid.backends.cpu_fused import ffn_fusable, fusable
 from hybrid.engine import Engine, EngineParams
 from hybrid.tools.synth.model import make_model
-from kernels_cpu.matmul import GEMM_MIN_TOKENS
+from kernels_cpu.matmul import SMALL_BATCH_TOKENS
 from kernels_cpu.norm import SERIAL_MAX_ELEMS
 
 
@@ -78,8 +78,8 @@ def test_fused_declines_where_it_has_no_form(tmp_path):
     assert not ffn_fusable(f16.spec, f16.weights.layers[0])
     llama = _engine(tmp_path, "llama")
     lw = llama.weights.layers[0]
-    assert fusable(llama.spec, lw, GEMM_MIN_TOKENS - 1)
-    assert not fusable(llama.spec, lw, GEMM_MIN_TOKENS)  # batches go through the float GEMM op by op
+    assert fusable(llama.spec, lw, SMALL_BATCH_TOKENS - 1)
+    assert not fusable(llama.spec, lw, SMALL_BATCH_TOKENS)  # larger batches go op by op (matmul's crossover), any host
     assert not fusable(llama.spec, lw, 0)
     x = np.zeros((1, llama.config.n_embd), dtype=np.float32)
     llama.cpu.fused = True

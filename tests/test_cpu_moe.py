@@ -1,8 +1,13 @@
 """CpuBackend's fused MoE FFN (hybrid/backends/cpu_moe.py, kernels_cpu/moe.py, kernels_cpu/moe_route.py) equals the
 op-by-op path of blocks.moe_ffn bit for bit: the compiled routing equals blocks.route (random logits, exact ties, the
 fixture models' router logits); the FFN equals it for decode batches (integer dots) and prefill batches (groups of
-GEMM_MIN_TOKENS tokens through the float GEMM, smaller ones through the dots, in one call), with repacked and file
-layouts; and the fused form steps aside where it has none (float experts, Q4_1/Q5_1 prefill)."""
+SMALL_BATCH_TOKENS tokens through the float GEMM, smaller ones through the dots, in one call), with repacked and file
+layouts; and the fused form steps aside where it has none (float experts, Q4_1/Q5_1 prefill).
+
+kernels_cpu.moe sends a group of SMALL_BATCH_TOKENS or more to the GEMM on every host; the op-by-op path's matmul
+does so where the host's crossover is 64 (no VNNI; with VNNI some types never take the GEMM, and the two differ by
+float32 rounding there). The matmul crossover is pinned to that of a host without VNNI here: every host compares
+both paths bit for bit."""
 
 from __future__ import annotations
 
@@ -14,11 +19,17 @@ from hybrid.engine import Engine, EngineParams
 from hybrid.model.arch.blocks import moe_ffn, route
 from hybrid.model.weights import Weight
 from hybrid.tools.synth.model import make_model
-from kernels_cpu.matmul import GEMM_MIN_TOKENS
+from kernels_cpu import matmul as km
+from kernels_cpu.matmul import SMALL_BATCH_TOKENS
 from kernels_cpu.moe_route import group_pairs, route_topk
 
 FIXTURES = ("qwen3moe-q4_k_m", "qwen3moe-skew-q4_k", "qwen3moe-f16")
 INTEGER = FIXTURES[:2]  # expert types the fused form covers (the f16 file's experts are F16)
+
+
+@pytest.fixture(autouse=True)
+def _crossover_without_vnni(monkeypatch):
+    monkeypatch.setattr(km, "_host_vnni", lambda: False)
 
 
 def _same_routing(logits: np.ndarray, n_used: int, normalize: bool) -> tuple[int, int]:
@@ -122,7 +133,7 @@ def test_fused_moe_equals_op_by_op(fixture_model, n_tok):
         assert fused is not None and fused.dtype == np.float32 and np.isfinite(fused).all()
         assert np.array_equal(fused, plain), f"max |diff| {np.abs(fused - plain).max()}"
         ids, _ = route(eng.cpu.matmul(lw["ffn_gate_inp"], x), eng.config.n_expert_used, True)
-        big_groups += int((np.bincount(ids.ravel()) >= GEMM_MIN_TOKENS).sum())
+        big_groups += int((np.bincount(ids.ravel()) >= SMALL_BATCH_TOKENS).sum())
     if name == "qwen3moe-skew-q4_k" and n_tok >= 128 or name == "qwen3moe-q4_k_m" and n_tok == 256:
         assert big_groups, "no expert group went through the GEMM"  # the hot experts of the skewed model
 
@@ -183,7 +194,7 @@ def test_q4_1_experts_decode_only(tmp_path):
     eng = Engine.load(path, EngineParams(n_ctx=96))
     lw = eng.weights.layers[0]
     assert lw["ffn_up_exps"].type_name == "Q4_1" and moe_fusable(eng.spec, lw)
-    h = np.random.default_rng(0).standard_normal((GEMM_MIN_TOKENS, eng.config.n_embd)).astype(np.float32)
+    h = np.random.default_rng(0).standard_normal((SMALL_BATCH_TOKENS, eng.config.n_embd)).astype(np.float32)
     fused, plain = _fused_and_plain(eng, lw, h[:5])
     assert fused is not None and np.array_equal(fused, plain)
     eng.cpu.fused = True

@@ -9,7 +9,7 @@ import pytest
 from gguf_io.errors import UnsupportedQuantType
 from gguf_io.quantize_ref import quantize_q8_k_parts
 from kernels_cpu import act_quant
-from kernels_cpu.matmul import GEMM_MIN_TOKENS, KERNELS, matmul, matmuls
+from kernels_cpu.matmul import GEMM_MIN_TOKENS_AVX2, KERNELS, NEVER, matmul, matmuls
 from reference import BASELINE_TYPES, matmul_baseline, quant_dot_legacy
 
 NAMES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
@@ -133,20 +133,24 @@ def test_matmul_matches_float64_reference(name, shape):
         assert nmse(y, x.astype(np.float64) @ w64.T) < NMSE_TOL[name]
 
 
-# Batches on both sides of GEMM_MIN_TOKENS (integer dots below it, the float32 GEMM from it on); 53 rows are not
-# a multiple of the GEMM's 6-row tiles or 48-row tasks, and n_in spans more than one of its 256-wide k chunks.
-BATCHES = [1, 2, 7, GEMM_MIN_TOKENS, 17, 64]
+# Batches on both sides of the crossover of hosts without VNNI, passed explicitly so that every host runs both paths
+# (integer dots below it, the float32 GEMM from it on), and all of them through the integer dots (as VNNI hosts
+# send prefill of some types); 53 rows are not a multiple of the GEMM's 6-row tiles or 48-row tasks, and n_in spans
+# more than one of its 256-wide k chunks.
+BATCHES = [1, 2, 7, 17, 63, 64, 65]
+CROSSOVERS = {"gemm_from_64": GEMM_MIN_TOKENS_AVX2, "int_dots": NEVER}
 
 
+@pytest.mark.parametrize("gemm_from", CROSSOVERS.values(), ids=CROSSOVERS.keys())
 @pytest.mark.parametrize("n_tok", BATCHES)
 @pytest.mark.parametrize("name", NAMES)
-def test_batch_sizes_on_both_paths(name, n_tok):
+def test_batch_sizes_on_both_paths(name, n_tok, gemm_from):
     rng = np.random.default_rng(1000 + 10 * NAMES.index(name) + BATCHES.index(n_tok))
     n_in = n_in_for(name, 2 if KERNELS[name].block_size == 256 else 9)
     w = random_weight(name, 53, n_in, rng)
     x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
     x[-1, :32] = 0.0  # a zero block of activations
-    y = matmul(w, name, x)
+    y = matmul(w, name, x, gemm_from=gemm_from)
     assert y.shape == (n_tok, 53) and np.isfinite(y).all()
     w64 = dequantize64(w, name)
     assert nmse(y, converted_activations(x, name) @ w64.T + min_term_correction(w, name, x)) < NMSE_TOL_SAME_ACT
@@ -160,17 +164,18 @@ MIXES = [("Q4_K", "Q4_K", "Q6_K"), ("Q4_K", "Q6_K"), ("Q5_0", "Q8_0", "Q4_K", "F
          ("IQ2_XXS", "IQ3_S", "Q4_K", "IQ1_M", "IQ2_S"), ("MXFP4", "Q8_0", "IQ3_XXS", "IQ2_XS", "IQ1_S")]
 
 
-@pytest.mark.parametrize("n_tok", [1, 3, GEMM_MIN_TOKENS])
+@pytest.mark.parametrize("gemm_from", [None, *CROSSOVERS.values()], ids=["host", *CROSSOVERS.keys()])
+@pytest.mark.parametrize("n_tok", [1, 3, 64])
 @pytest.mark.parametrize("mix", MIXES, ids="+".join)
-def test_matmuls_equal_matmul_one_by_one(mix, n_tok):
+def test_matmuls_equal_matmul_one_by_one(mix, n_tok, gemm_from):
     rng = np.random.default_rng(7 + MIXES.index(mix))
     n_in = 512
     ws = [(random_weight(name, n_out, n_in, rng), name) for name, n_out in zip(mix, (53, 16, 37, 1, 70))]
     x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
-    got = matmuls(ws, x)
+    got = matmuls(ws, x, gemm_from=gemm_from)
     assert len(got) == len(ws)
     for (w, name), y in zip(ws, got):
-        ref = matmul(w, name, x)
+        ref = matmul(w, name, x, gemm_from=gemm_from)
         assert y.shape == ref.shape == (n_tok, w.shape[0])
         np.testing.assert_array_equal(y, ref, err_msg=name)  # the same kernels on the same rows: bit-identical
         assert nmse(y, converted_activations(x, name) @ dequantize64(w, name).T + min_term_correction(w, name, x)) < NMSE_TOL_SAME_ACT

@@ -1,15 +1,15 @@
-"""Small batches (2..GEMM_MIN_TOKENS-1 tokens) through the multi-token integer dots (4 or 2 tokens a pass over each
-weight block: vec_dot_legacy.dot2x4_q8_0, legacy_x8.dot8x4_q{4,5}_0_x8, q8_0_x8.dot8x4_q8_0_x8, q4_k_x8.dot8x4_q4_k_x8,
-k_tokens.dot2x4_q6_k and their 2-token forms): every output equals the token's own 1-token product bit for bit,
-on the host's path (VNNI here) and on the generic one (no AVX2 intrinsics, no VNNI: what a host without VNNI runs),
-and stays within the float64 reference's tolerance."""
+"""Small batches (2..63 tokens: below every host's crossover) through the multi-token integer dots (4 or 2 tokens a
+pass over each weight block: vec_dot_legacy.dot2x4_q8_0, legacy_x8.dot8x4_q{4,5}_0_x8, q8_0_x8.dot8x4_q8_0_x8,
+q4_k_x8.dot8x4_q4_k_x8, k_tokens.dot2x4_q6_k and their 2-token forms): every output equals the token's own 1-token
+product bit for bit, on the host's path (VNNI here) and on the generic one (no AVX2 intrinsics, no VNNI: what a host
+without VNNI runs), and stays within the float64 reference's tolerance."""
 
 import numpy as np
 import pytest
 from numba import njit
 
 from kernels_cpu import act_quant, legacy_x8, q4_k_x8, q8_0_x8, k_tokens, simd, vec_dot_k, vec_dot_legacy
-from kernels_cpu.matmul import GEMM_MIN_TOKENS, KERNELS, matmul, matmuls
+from kernels_cpu.matmul import GEMM_MIN_TOKENS_AVX2, KERNELS, matmul, matmuls
 from test_kernels_cpu_matmul import NMSE_TOL_SAME_ACT, converted_activations, dequantize64, nmse, random_weight
 
 # layout as decode runs it -> (GGML type, repack or None)
@@ -22,7 +22,7 @@ SHAPES = {"Q8_0": [(1, 1), (37, 3), (301, 2)], "Q6_K": [(1, 1), (37, 2), (301, 1
           "Q4_0_X8": [(8, 1), (40, 3), (296, 2)], "Q5_0_X8": [(8, 1), (40, 3), (296, 2)],
           "Q8_0_X8": [(8, 1), (40, 3), (296, 2)],
           "Q4_K_X8": [(8, 1), (40, 2), (296, 1)]}
-TOKENS = list(range(1, 17)) + [GEMM_MIN_TOKENS - 1]
+TOKENS = list(range(1, 17)) + [GEMM_MIN_TOKENS_AVX2 - 1]
 
 
 def _weight(layout, n_out, nb, rng):

@@ -11,7 +11,7 @@ from hybrid.engine import Engine, EngineParams
 from hybrid.backends.repack import LAYOUTS, repack_weights
 from hybrid.tools.synth.model import make_model
 from kernels_cpu import drop_stale_cache, legacy_x8, q4_k_x8, vec_dot_legacy
-from kernels_cpu.matmul import GEMM_MIN_TOKENS, REPACKED, matmul, matmuls
+from kernels_cpu.matmul import GEMM_MIN_TOKENS_AVX2, NEVER, REPACKED, matmul, matmuls
 from test_kernels_cpu_matmul import NMSE_TOL_SAME_ACT, converted_activations, dequantize64, random_weight
 
 
@@ -19,13 +19,16 @@ def nmse(a, ref):
     return float(np.mean((np.asarray(a, np.float64) - ref) ** 2) / max(np.mean(ref ** 2), 1e-30))
 
 
-# (n_out, n_blocks, n_tok): one group, groups not filling a 16-row block, a batch through the GEMM
-CASES = [(8, 1, 1), (24, 3, 1), (136, 2, 5), (64, 4, GEMM_MIN_TOKENS + 3)]
+# (n_out, n_blocks, n_tok): one group, groups not filling a 16-row block, a batch through the GEMM at the crossover
+# of hosts without VNNI (passed, so that every host runs both paths) and through the integer dots (VNNI's prefill)
+CASES = [(8, 1, 1), (24, 3, 1), (136, 2, 5), (64, 4, GEMM_MIN_TOKENS_AVX2 + 3)]
+CROSSOVERS = {"gemm_from_64": GEMM_MIN_TOKENS_AVX2, "int_dots": NEVER}
 
 
+@pytest.mark.parametrize("gemm_from", CROSSOVERS.values(), ids=CROSSOVERS.keys())
 @pytest.mark.parametrize("name", ["Q4_0", "Q5_0", "Q4_K"])
 @pytest.mark.parametrize("n_out, nb, n_tok", CASES)
-def test_x8_matmul_matches_float64_and_plain(name, n_out, nb, n_tok):
+def test_x8_matmul_matches_float64_and_plain(name, n_out, nb, n_tok, gemm_from):
     layout, _, repack = LAYOUTS[name]
     block = 256 if name == "Q4_K" else 32
     rng = np.random.default_rng(n_out + nb)
@@ -33,11 +36,11 @@ def test_x8_matmul_matches_float64_and_plain(name, n_out, nb, n_tok):
     x = rng.standard_normal((n_tok, block * nb)).astype(np.float32)
     rp = repack(w)
     assert rp.shape == (n_out, nb * REPACKED[layout].type_size) and REPACKED[layout].row_group == 8
-    y = matmul(rp, layout, x)
+    y = matmul(rp, layout, x, gemm_from=gemm_from)
     ref = converted_activations(x, name) @ dequantize64(w, name).T
     assert nmse(y, ref) < NMSE_TOL_SAME_ACT
-    plain = matmul(w, name, x)
-    if n_tok >= GEMM_MIN_TOKENS:  # rows decoded to the same floats, the same GEMM
+    plain = matmul(w, name, x, gemm_from=gemm_from)
+    if n_tok >= gemm_from:  # rows decoded to the same floats, the same GEMM
         assert np.array_equal(y, plain)
     else:  # the same exact integer sums per block, summed in another float order
         assert np.allclose(y, plain, rtol=1e-5, atol=1e-5 * np.abs(plain).max())

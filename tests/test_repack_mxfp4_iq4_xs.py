@@ -12,41 +12,44 @@ import hybrid.backends.repack as repack_mod
 from hybrid.engine import Engine, EngineParams
 from hybrid.tools.synth.model import make_model
 from kernels_cpu import iq4_xs_x8, mxfp4_x8, vec_dot_k, vec_dot_legacy
-from kernels_cpu.matmul import GEMM_MIN_TOKENS, KERNELS, REPACKED, matmul, matmuls
+from kernels_cpu.matmul import GEMM_MIN_TOKENS_AVX2, KERNELS, NEVER, REPACKED, matmul, matmuls
 from test_kernels_cpu_matmul import NMSE_TOL_SAME_ACT, converted_activations, dequantize64, random_weight
 
 # type -> (layout, block, module, kind code of the layout, its family's decoder)
 TYPES = {"MXFP4": ("MXFP4_X8", 32, mxfp4_x8, vec_dot_legacy.MXFP4_X8, vec_dot_legacy.decode_row_f32),
          "IQ4_XS": ("IQ4_XS_X8", 256, iq4_xs_x8, vec_dot_k.IQ4_XS_X8, vec_dot_k.decode_row_f32)}
-# (n_out, n_blocks, n_tok): one group, groups not filling a 16-row block, a few tokens, a batch through the GEMM
-CASES = [(8, 1, 1), (24, 3, 1), (136, 2, 5), (64, 4, GEMM_MIN_TOKENS + 3)]
+# (n_out, n_blocks, n_tok): one group, groups not filling a 16-row block, a few tokens, a batch through the GEMM at
+# the crossover of hosts without VNNI (passed, so that every host runs both paths) and through the integer dots
+CASES = [(8, 1, 1), (24, 3, 1), (136, 2, 5), (64, 4, GEMM_MIN_TOKENS_AVX2 + 3)]
+CROSSOVERS = {"gemm_from_64": GEMM_MIN_TOKENS_AVX2, "int_dots": NEVER}
 
 
 def nmse(a, ref):
     return float(np.mean((np.asarray(a, np.float64) - ref) ** 2) / max(np.mean(ref ** 2), 1e-30))
 
 
-def _check(w, name, x):
+def _check(w, name, x, gemm_from=None):
     layout, _, mod, _, _ = TYPES[name]
     rp = mod.repack(w)
     assert rp.shape == (w.shape[0], w.shape[1] // KERNELS[name].type_size * REPACKED[layout].type_size)
-    y = matmul(rp, layout, x)
+    y = matmul(rp, layout, x, gemm_from=gemm_from)
     ref = converted_activations(x, name) @ dequantize64(w, name).T
     assert np.isfinite(y).all() and nmse(y, ref) < NMSE_TOL_SAME_ACT
-    plain = matmul(w, name, x)
-    if x.shape[0] >= GEMM_MIN_TOKENS:  # rows decoded to the same floats, the same GEMM
+    plain = matmul(w, name, x, gemm_from=gemm_from)
+    if gemm_from is not None and x.shape[0] >= gemm_from:  # rows decoded to the same floats, the same GEMM
         assert np.array_equal(y, plain)
     else:  # the same exact integer sums per block, summed in another float order
         assert np.allclose(y, plain, rtol=1e-5, atol=1e-5 * np.abs(plain).max())
 
 
+@pytest.mark.parametrize("gemm_from", CROSSOVERS.values(), ids=CROSSOVERS.keys())
 @pytest.mark.parametrize("name", list(TYPES))
 @pytest.mark.parametrize("n_out, nb, n_tok", CASES)
-def test_x8_matmul_matches_float64_and_plain(name, n_out, nb, n_tok):
+def test_x8_matmul_matches_float64_and_plain(name, n_out, nb, n_tok, gemm_from):
     block = TYPES[name][1]
     rng = np.random.default_rng(n_out + nb)
     _check(random_weight(name, n_out, block * nb, rng), name,
-           rng.standard_normal((n_tok, block * nb)).astype(np.float32))
+           rng.standard_normal((n_tok, block * nb)).astype(np.float32), gemm_from)
 
 
 @pytest.mark.parametrize("name", list(TYPES))

@@ -15,11 +15,13 @@ from hybrid.backends.repack import LAYOUTS
 from hybrid.engine import Engine, EngineParams
 from hybrid.tools.synth.model import make_model
 from kernels_cpu import act_quant, get_rows, q8_0_x8, simd, vec_dot_legacy
-from kernels_cpu.matmul import GEMM_MIN_TOKENS, REPACKED, matmul
+from kernels_cpu.matmul import GEMM_MIN_TOKENS_AVX2, NEVER, REPACKED, matmul
 from test_kernels_cpu_matmul import NMSE_TOL_SAME_ACT, converted_activations, dequantize64, nmse, random_weight
 
-# (n_out, n_blocks, n_tok): one group, groups not filling a 16-row block, a few tokens, a batch through the GEMM
-CASES = [(8, 1, 1), (24, 3, 1), (40, 2, 4), (136, 2, 5), (64, 4, GEMM_MIN_TOKENS + 3)]
+# (n_out, n_blocks, n_tok): one group, groups not filling a 16-row block, a few tokens, a batch through the GEMM at
+# the crossover of hosts without VNNI (passed, so that every host runs both paths) and through the integer dots
+CASES = [(8, 1, 1), (24, 3, 1), (40, 2, 4), (136, 2, 5), (64, 4, GEMM_MIN_TOKENS_AVX2 + 3)]
+CROSSOVERS = {"gemm_from_64": GEMM_MIN_TOKENS_AVX2, "int_dots": NEVER}
 
 
 def _unrepack(rp: np.ndarray) -> np.ndarray:
@@ -46,17 +48,18 @@ def test_layout_round_trip_and_guards():
         matmul(np.zeros((4, 34), dtype=np.uint8), "Q8_0_X8", np.zeros(32, dtype=np.float32))
 
 
+@pytest.mark.parametrize("gemm_from", CROSSOVERS.values(), ids=CROSSOVERS.keys())
 @pytest.mark.parametrize("n_out, nb, n_tok", CASES)
-def test_matmul_matches_float64_and_plain(n_out, nb, n_tok):
+def test_matmul_matches_float64_and_plain(n_out, nb, n_tok, gemm_from):
     rng = np.random.default_rng(n_out + nb)
     w = random_weight("Q8_0", n_out, 32 * nb, rng)
     x = rng.standard_normal((n_tok, 32 * nb)).astype(np.float32)
     x[0, :16] *= 40.0  # activation codes at +-127
-    y = matmul(q8_0_x8.repack(w), "Q8_0_X8", x)
+    y = matmul(q8_0_x8.repack(w), "Q8_0_X8", x, gemm_from=gemm_from)
     ref = converted_activations(x, "Q8_0") @ dequantize64(w, "Q8_0").T
     assert np.isfinite(y).all() and nmse(y, ref) < NMSE_TOL_SAME_ACT
-    plain = matmul(w, "Q8_0", x)
-    if n_tok >= GEMM_MIN_TOKENS:  # rows decoded to the same floats, the same GEMM
+    plain = matmul(w, "Q8_0", x, gemm_from=gemm_from)
+    if n_tok >= gemm_from:  # rows decoded to the same floats, the same GEMM
         assert np.array_equal(y, plain)
     else:  # the same exact integer sums per block, summed in another float order
         assert np.allclose(y, plain, rtol=1e-5, atol=1e-5 * np.abs(plain).max())

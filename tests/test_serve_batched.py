@@ -4,8 +4,9 @@ answered as at -np 1, a client that leaves freeing its slot, and the slots back 
 
 Tolerance: a ragged batch of fewer than 64 rows runs the same integer dots per row as a sequence alone, and the
 attention per sequence through the same kernel, so the greedy tokens are identical (asserted exactly). A step of 64
-rows or more takes the float32 GEMM (kernels_cpu.matmul.GEMM_MIN_TOKENS), as a long prompt alone does: there a
-decode row shares the prompt's rounding, and a reply may part from the solo one (not asserted here)."""
+rows or more goes op by op, where a matrix may take the float32 GEMM (kernels_cpu.matmul.gemm_min_tokens: 64 without
+VNNI), as a long prompt alone does: there a decode row shares the prompt's rounding, and a reply may part from the
+solo one (not asserted here)."""
 
 from __future__ import annotations
 

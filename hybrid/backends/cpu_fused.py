@@ -11,7 +11,7 @@ from kernels_cpu import fused_layer
 from kernels_cpu.activations import GELU_F16_TABLE
 from kernels_cpu.attention import _heads_per_item
 from kernels_cpu.kv_cache import F16_TO_F32, cache_rows, check_blocks, kernel_table, kv_type_code, kv_views
-from kernels_cpu.matmul import _EMPTY_W, _EMPTY_Y, _INT_FAMILIES, GEMM_MIN_TOKENS, _kernel, _prepare
+from kernels_cpu.matmul import _EMPTY_W, _EMPTY_Y, _INT_FAMILIES, SMALL_BATCH_TOKENS, _kernel, _prepare
 from kernels_cpu.rope import ROPE_MODES
 
 from hybrid.model.arch.blocks import rope_params
@@ -80,10 +80,10 @@ class _Layer:
 
 
 def fusable(spec: ArchSpec, lw, n_tok: int) -> bool:
-    """Whether the attention part of a layer of n_tok tokens can take the fused path: a batch below the float GEMM's
-    threshold (the integer dots), q, k, v and the output projection of integer-dot types, and neither attention
+    """Whether the attention part of a layer of n_tok tokens can take the fused path: a decode-sized batch (below
+    SMALL_BATCH_TOKENS: the integer dots), q, k, v and the output projection of integer-dot types, and neither attention
     sinks nor an output bias (gpt-oss: attention_half has neither)."""
-    if not 0 < n_tok < GEMM_MIN_TOKENS or spec.attn_sinks or spec.o_bias or spec.mla:
+    if not 0 < n_tok < SMALL_BATCH_TOKENS or spec.attn_sinks or spec.o_bias or spec.mla:
         return False  # (an MLA layer has no attn_q/k/v: deepseek2's decode on the CPU goes op by op)
     return all(n in lw and lw[n].type_name in _FAMILY and lw[n].raw.ndim == 2 for n in _MATRICES)
 

@@ -9,7 +9,7 @@ import numpy as np
 from kernels_cpu import moe, vec_dot_legacy
 from kernels_cpu.activations import GELU_F16_TABLE
 from kernels_cpu.fused_layer import FAM_LEGACY
-from kernels_cpu.matmul import GEMM_MIN_TOKENS, _kernel, matmul
+from kernels_cpu.matmul import SMALL_BATCH_TOKENS, _kernel, gemm_min_tokens, matmul
 from kernels_cpu.moe_route import route_topk
 
 from hybrid.backends.cpu_fused import _FAMILY, _GLU_OP, _vec
@@ -85,7 +85,7 @@ class _MoeLayer:
         # moe_ffn_half's norm (plain routing only; a layer whose FFN norm has another name has no one-call form)
         self.ffn_norm = _vec(lw, "ffn_norm", cfg.n_embd) if self.plain and "ffn_norm" in lw else None
         self.eps = np.float32(cfg.f_norm_rms_eps)
-        # Q4_1/Q5_1 experts: a group of GEMM_MIN_TOKENS tokens would need the GEMM's numpy min term
+        # Q4_1/Q5_1 experts: a group of SMALL_BATCH_TOKENS tokens would need the GEMM's numpy min term
         self.batch_ok = not any(fam == FAM_LEGACY and kind in _WITH_MIN
                                 for _, kind, fam in (self.gate, self.up, self.down))
 
@@ -107,12 +107,12 @@ class FusedMoE:
         the batch has no fused form. observer (a model.arch.moe.RoutingObserver) hears the routing."""
         L = self._layer(spec, cfg, lw)
         n_tok = h.shape[0]
-        if L is None or n_tok == 0 or (n_tok >= GEMM_MIN_TOKENS and not L.batch_ok):
+        if L is None or n_tok == 0 or (n_tok >= SMALL_BATCH_TOKENS and not L.batch_ok):
             return None
         h = np.ascontiguousarray(h, dtype=np.float32)
         if observer is not None or not L.plain:
             return self._two_steps(spec, cfg, lw, L, h, observer)
-        if n_tok < GEMM_MIN_TOKENS and L.router_f32 is not None:
+        if n_tok < gemm_min_tokens("F32") and L.router_f32 is not None:  # where matmul's F32 product is matmul_f32
             logits, router = _NO_LOGITS, L.router_f32  # the router's product inside moe_ffn
         else:
             logits = matmul(L.router.raw, L.router.type_name, h)  # (n_tok, n_expert)
@@ -123,7 +123,7 @@ class FusedMoE:
     def _two_steps(self, spec: ArchSpec, cfg, lw, L: _MoeLayer, h: np.ndarray, observer) -> np.ndarray:
         """The routing, then the experts, in two calls: for routing other than plain softmax (blocks.route_layer on
         the host, as the op-by-op path), and while an observer listens (it hears the ids and weights the routing
-        produced). kernels_cpu.matmul's router product (moe_ffn's own below GEMM_MIN_TOKENS), the routing, then
+        produced). kernels_cpu.matmul's router product (moe_ffn's own for few tokens), the routing, then
         moe_experts_biased on them: the same numbers as moe_ffn or the op-by-op path, bit for bit."""
         logits = matmul(L.router.raw, L.router.type_name, h)  # (n_tok, n_expert)
         if L.plain:
@@ -151,7 +151,7 @@ class FusedMoE:
         """moe_ffn_half's arguments after a (moe_layer's after the attention part's) for a batch of n_tok tokens, or
         None where it has no one-call form (see ffn_half)."""
         L = self._layer(spec, cfg, lw)
-        if (L is None or L.ffn_norm is None or L.router_f32 is None or not 0 < n_tok < GEMM_MIN_TOKENS
+        if (L is None or L.ffn_norm is None or L.router_f32 is None or not 0 < n_tok < SMALL_BATCH_TOKENS
                 or SHARED_EXPERT[0] in lw or observer is not None):
             return None  # (a shared expert is blocks.moe_ffn's to add)
         return (L.eps, L.ffn_norm, L.router_f32, cfg.n_expert_used, spec.moe_norm_weights, L.gate, L.up, L.down,

@@ -10,7 +10,7 @@ import numba
 import numpy as np
 
 from kernels_cpu import moe
-from kernels_cpu.matmul import GEMM_MIN_TOKENS
+from kernels_cpu.matmul import SMALL_BATCH_TOKENS
 
 from hybrid.backends.cpu_fused import FusedLayers, fusable
 from hybrid.backends.cpu_moe import FusedMoE
@@ -53,7 +53,7 @@ class WholeLayers:
     def __call__(self, spec, cfg, lw, il: int, x: np.ndarray, positions: np.ndarray, kv, tables) -> np.ndarray | None:
         """blocks.layer_forward of layer il, x (n_tok, n_embd) f32 at positions (n_tok,) into cache kv, bit for
         bit, or None; tables: the backend's RoPE tables (CpuBackend._tables)."""
-        if not 0 < x.shape[0] < GEMM_MIN_TOKENS:
+        if not 0 < x.shape[0] < SMALL_BATCH_TOKENS:
             return None
         if kv is not self._kv:
             # a ragged batch: attention per sequence; a paged cache: op by op (the one call reads a contiguous one)
