@@ -161,7 +161,7 @@ def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = 
         matvec_q8(w_raw, type_name, xq, xm, y2, wpr, rpw)
     elif path == "matvec" and uses_q8t(type_name, n_tok, q8):
         xq, xm = quantize_q8_1(x2) if q8_act is None else q8_act
-        matvec_q8t(w_raw, type_name, xq, xm, y2, wpr)
+        matvec_q8t(w_raw, type_name, xq, xm, y2, wpr, rpw)
     elif path == "matvec":
         for s in range(0, n_tok, MATVEC_MAX_TOKENS):
             e = min(n_tok, s + MATVEC_MAX_TOKENS)
@@ -336,10 +336,39 @@ def matvec_q8(w_raw, type_name, xq, xm, y, wpr: int | None = None, rpw: int | No
     _q8_launch([w_raw], type_name, xq, xm, [y], wpr, rpw, kernel)
 
 
-def matvec_q8t(w_raw, type_name, xq, xm, y, wpr: int | None = None) -> None:
+# matvec_q8t's designs: dp4a (matvec_q8.cu), tensor cores on the activations repacked for them (matvec_mmq.cu)
+Q8T_KERNELS = ("dp4a", "mma")
+Q8T_MMA_TYPES = ("Q4_K",)  # the types with a tensor-core kernel (matvec_mmq.cu)
+
+
+def q8t_config(type_name: str, n_out: int, n_tok: int, kernel: str | None = None, rpw: int | None = None,
+               wpr: int | None = None) -> tuple[str, int, int]:
+    """(kernel, rows per warp, warps per row group) of matvec_q8t for n_tok tokens; what is given is kept. The
+    defaults come from the H200 sweep of scripts/gpu_q8t_check.py on Llama-8B's matrices: Q4_K from 4096 rows takes
+    the tensor cores on repacked activations, 8 warps a row tile, from 5 tokens (from 4 at 8192 rows and more;
+    8 tokens of 14336x4096: 1706 GB/s against dp4a's best 825), else dp4a with 4 rows a warp and 2 warps a row (4
+    tokens: 1458 against 1148 for 2 rows and 1 warp); Q6_K and short matrices keep dp4a with 2 rows a warp (4 at 8
+    tokens), 1 warp a row from 4096 rows. The tensor-core kernels take 16 rows a warp (rpw is not used)."""
+    big = n_out >= 4096
+    if kernel is None:
+        mma = type_name in Q8T_MMA_TYPES and big and (n_tok >= 5 or (n_tok == 4 and n_out >= 8192))
+        kernel = "mma" if mma else "dp4a"
+    if rpw is None:
+        rpw = 4 if big and (type_name == "Q4_K" or n_tok >= 5) else 2
+    if wpr is None:
+        if kernel == "mma":
+            wpr = 8
+        else:
+            wpr = 2 if not big or (type_name == "Q4_K" and rpw == 4) else 1
+    return kernel, rpw, wpr
+
+
+def matvec_q8t(w_raw, type_name, xq, xm, y, wpr: int | None = None, rpw: int | None = None,
+               kernel: str | None = None) -> None:
     """y = x W^T for 2..MATVEC_MAX_TOKENS tokens of activations quantize_q8_1 made: w_raw cupy uint8 (n_out,
     row_bytes) of a Q8_MATVEC type, xq cupy int8 (n_tok, n_in), xm cupy float32 (n_tok, n_in / 32, 4), y cupy float32
-    (n_tok, n_out). Two rows a warp; wpr warps a row group (None: q8_config's)."""
+    (n_tok, n_out). kernel: one of Q8T_KERNELS ("mma" for Q8T_MMA_TYPES only); rpw rows a warp (2 or 4; dp4a only);
+    wpr warps a row group (1, 2, 4 or 8). None: q8t_config's."""
     if type_name not in Q8_MATVEC:
         raise ValueError(f"no q8 matvec for {type_name}; it has: {', '.join(Q8_MATVEC)}")
     k, n_out, n_in = _check_weight("w_raw", w_raw, type_name)
@@ -354,16 +383,36 @@ def matvec_q8t(w_raw, type_name, xq, xm, y, wpr: int | None = None) -> None:
     _check("y", y, np.float32, (2,))
     if y.shape != (n_tok, n_out):
         raise ValueError(f"q8 matvec of {n_tok} tokens x {n_out}x{n_in}: y has shape {y.shape}")
-    n_blocks = n_in // k.block_size
-    auto_wpr = q8_config(n_out, n_blocks * Q8_MATVEC[type_name], 2)[1]
-    wpr = auto_wpr if wpr is None else wpr
-    if wpr not in (1, 2, 4, 8):
-        raise ValueError(f"wpr must be 1, 2, 4 or 8, found {wpr}")
-    nt = 2 if n_tok == 2 else 4 if n_tok <= 4 else 8
-    grid = -(-(-(-n_out // 2)) // (MV_WARPS // wpr))
-    fn = get_kernel("matvec_q8", f"matvec_q8t_{k.suffix}_{nt}")
+    kernel, rpw, wpr = q8t_config(type_name, n_out, n_tok, kernel, rpw, wpr)
+    if kernel not in Q8T_KERNELS or (kernel == "mma" and type_name not in Q8T_MMA_TYPES):
+        raise ValueError(f"matvec_q8t kernel {kernel!r} does not exist for {type_name}")
+    if wpr not in (1, 2, 4, 8) or rpw not in (2, 4):
+        raise ValueError(f"matvec_q8t takes 2 or 4 rows a warp and 1, 2, 4 or 8 warps a row, found {rpw}, {wpr}")
     i32 = np.int32
-    fn((grid,), (256,), (w_raw, xq, xm, y, i32(n_out), i32(n_blocks), i32(n_tok), i32(wpr)))
+    if kernel == "mma":
+        xq, xm = _q8_mma_pack(xq, xm)
+        grid = -(-(-(-n_out // 16)) // (MV_WARPS // wpr))
+        fn = get_kernel("matvec_q8", f"matvec_mmq_{k.suffix}")
+    else:
+        nt = 2 if n_tok == 2 else 4 if n_tok <= 4 else 8
+        grid = -(-(-(-n_out // rpw)) // (MV_WARPS // wpr))
+        fn = get_kernel("matvec_q8", f"matvec_q8t_{k.suffix}_{nt}_r{rpw}")
+    fn((grid,), (256,), (w_raw, xq, xm, y, i32(n_out), i32(n_in // k.block_size), i32(n_tok), i32(wpr)))
+
+
+def _q8_mma_pack(xq, xm) -> tuple:
+    """quantize_q8_1's activations of up to 8 tokens in matvec_mmq's layout (q8_mma_pack): (pq int8 (n / 32, 8, 32),
+    pm float32 (n / 32, 8, 2)), one buffer; tokens past n_tok uninitialized (never read into a stored sum)."""
+    import cupy  # noqa: PLC0415
+
+    n_tok, n = xq.shape
+    nb = n // Q8_BLOCK
+    buf = cupy.empty(nb * 8 * 32 + nb * 8 * 8, dtype=cupy.uint8)
+    pq, pm = buf[:nb * 256].view(cupy.int8), buf[nb * 256:].view(cupy.float32)
+    fn = get_kernel("matvec_q8", "q8_mma_pack")
+    words = n_tok * n // 4
+    fn(((words + 255) // 256,), (256,), (xq, xm, pq, pm, np.int32(n), np.int32(n_tok)))
+    return pq, pm
 
 
 def _q8_launch(ws, type_name: str, xq, xm, ys, wpr, rpw, kernel: str | None) -> None:

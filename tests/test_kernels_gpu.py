@@ -19,8 +19,8 @@ from kernels_gpu import GPU_KERNELS  # noqa: E402
 from kernels_gpu import ops  # noqa: E402
 from kernels_gpu.attention import attention  # noqa: E402
 from kernels_gpu.kv_cache import alloc_kv_layer, kv_store  # noqa: E402
-from kernels_gpu.matmul import (Q6S_WARPS, Q8_AUTO, Q8_KERNEL, Q8_MATVEC, Q8_STAGED, dequantize, matmul,  # noqa: E402
-                                 matvec_q8, matvec_q8t, q8_1_reference, quantize_q8_1)
+from kernels_gpu.matmul import (Q6S_WARPS, Q8_AUTO, Q8_KERNEL, Q8_MATVEC, Q8_STAGED, Q8T_MMA_TYPES,  # noqa: E402
+                                 dequantize, matmul, matvec_q8, matvec_q8t, q8_1_reference, q8t_config, quantize_q8_1)
 from kernels_gpu.module import MODULES, compile_all  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -208,25 +208,37 @@ def test_matvec_q8_warps_per_row(name, wpr):
 @pytest.mark.parametrize("name", list(Q8_MATVEC))
 @pytest.mark.parametrize("n_tok", [2, 3, 5, 8])
 def test_matvec_q8_several_tokens(name, n_tok):
-    """matvec_q8t (the weights loaded once for 2-8 tokens of q8 activations) against float64 on the q8 activations,
-    and each token's row against the one-token kernel of the same layout (the same sums: within 1e-6 of the row's
-    largest value); matmul takes it by default for these types."""
+    """matvec_q8t (the weights loaded once for 2-8 tokens of q8 activations), every design and split, against float64
+    on the q8 activations; each token's row of the dp4a designs against the one-token kernel (the same sums in the
+    same order: within 1e-6 of the row's largest value), the tensor-core designs (the same integer sums of a
+    sub-block, scaled and added in another order) within 1e-5 of float64's largest value; matmul takes the default
+    for these types."""
     rng = np.random.default_rng(zlib.crc32(f"q8t{name}{n_tok}".encode()))
     for n_out, n_in in [(1, 256), (37, 768), (300, 1280), (1001, 1280), (4099, 512)]:
         raw = cupy.asarray(random_weight(name, n_out, n_in, rng))
         x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
         xq, xm = quantize_q8_1(cupy.asarray(x))
-        for wpr in (None, 1, 2, 4, 8):
-            y = cupy.full((n_tok, n_out), np.nan, dtype=cupy.float32)  # poison: every output must be written
-            matvec_q8t(raw, name, xq, xm, y, wpr=wpr)
-            y = y.get()
-            assert np.isfinite(y).all(), (n_out, n_in, wpr)
-            assert nmse(y, ref_matmul_q8(raw.get(), name, x)) < NMSE_MATVEC, (n_out, n_in, wpr)
-        for t in range(n_tok):
-            one = cupy.empty((1, n_out), dtype=cupy.float32)
-            matvec_q8(raw, name, xq[t:t + 1], xm[t:t + 1], one, rpw=2, kernel="warp")
-            one = one.get()[0]
-            assert np.abs(y[t] - one).max() <= 1e-6 * max(float(np.abs(one).max()), 1e-30), (n_out, n_in, t)
+        ref = ref_matmul_q8(raw.get(), name, x)
+        configs = [("dp4a", 2), ("dp4a", 4)] + ([("mma", None)] if name in Q8T_MMA_TYPES else [])
+        for kernel, rpw in [(None, None), *configs]:
+            for wpr in (None, 1, 2, 4, 8):
+                y = cupy.full((n_tok, n_out), np.nan, dtype=cupy.float32)  # poison: every output must be written
+                matvec_q8t(raw, name, xq, xm, y, wpr=wpr, rpw=rpw, kernel=kernel)
+                y = y.get()
+                cfg = q8t_config(name, n_out, n_tok, kernel, rpw, wpr)
+                what = (n_out, n_in, *cfg)
+                assert np.isfinite(y).all(), what
+                assert nmse(y, ref) < NMSE_MATVEC, what
+                if cfg[0] == "mma":  # other float32 order: within 1e-5 of the largest |y| of float64's
+                    err = float(np.abs(y - ref).max() / np.abs(ref).max())
+                    assert err <= 1e-5, (*what, err)
+                    continue
+                for t in range(n_tok):  # the one-token kernel's sums in the same order, same split of a row
+                    one = cupy.empty((1, n_out), dtype=cupy.float32)
+                    matvec_q8(raw, name, xq[t:t + 1], xm[t:t + 1], one, rpw=2, wpr=cfg[2], kernel="warp")
+                    one = one.get()[0]
+                    err = float(np.abs(y[t] - one).max() / max(float(np.abs(one).max()), 1e-30))
+                    assert err <= 1e-6, (*what, t, err)
         auto = matmul(raw, name, cupy.asarray(x)).get()  # the default path of 2-8 tokens
         assert nmse(auto, ref_matmul_q8(raw.get(), name, x)) < NMSE_MATVEC
 

@@ -1,0 +1,124 @@
+// matvec_mmq.cu (after matvec_q8.cu): y = x W^T for 2-8 tokens of q8 activations and block_q4_K rows on the tensor
+// cores. One mma.sync m16n8k32 (int8 in, int32 out) gives one 32-element sub-block's integer sums for 16 rows x 8
+// tokens; they are scaled in float32 per row (the block's d and dmin, the sub-block's 6-bit scale and min) and per
+// token (the q8 block's d and sum), as the dp4a kernels scale them. A warp owns 16 rows and `wpr` warps share their
+// blocks (a row tile's sums meet in shared memory). Each lane reads 8 bytes of qs a row and part (whole 32-byte
+// sectors a warp load) and 8 activation bytes a token and sub-block, from the activations repacked token-major
+// within each q8 block (q8_mma_pack, below): a warp's activation words and scales are one or two cache lines, and
+// they serve 16 rows at once. (Reading quantize_q8_1's layout in place, 8 lines a warp load, the kernel was L1-bound:
+// 1481 against 1712 GB/s, 14336x4096, 8 tokens.)
+// The k order inside a sub-block is permuted the same way for both operands (lane t's A words hold elements
+// 8t..8t+3 and 8t+4..8t+7, and so do its B words), which leaves every sum unchanged.
+// Tokens past ntok read token 0 and are never stored; rows past n_out re-read the last row and are never stored.
+
+#ifndef MMQ_WARPS
+#define MMQ_WARPS 8  // warps per CTA (256 threads)
+#endif
+
+// c += a (16x32 int8, row major) * b (32x8 int8, column major), PTX's fragment layouts for m16n8k32 .s8:
+// a[0] row g, k 4t..4t+3; a[1] row g + 8, same k; a[2] row g, k 16 + 4t..; a[3] row g + 8, k 16 + 4t..;
+// b[0] k 4t..4t+3 of column g; b[1] k 16 + 4t..; c[0], c[1] row g, columns 2t, 2t + 1; c[2], c[3] row g + 8
+__device__ __forceinline__ void mma_s8_16832(int (&c)[4], const u32 (&a)[4], const u32 (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+__device__ __forceinline__ uint2 ldw64(const u8* p) {  // weights stream once: read-only, not kept in L1
+    uint2 v;
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+    return v;
+}
+
+// One row's block_q4_K header (d | dmin << 16, scales[0..3], [4..7], [8..11]) as floats a sub-block needs:
+// get_scale_min_k4's 6-bit scales and mins of sub-blocks 0..3 (words lo) and 4..7 (words hi), bytes j % 4.
+struct Q4KHead {
+    u32 sc_lo, sc_hi, m_lo, m_hi;
+    float d, dmin;
+};
+__device__ __forceinline__ Q4KHead q4k_head(const uint4& h) {
+    const u32 s0 = h.y, s1 = h.z, s2 = h.w;
+    return Q4KHead{s0 & 0x3F3F3F3Fu, (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u), s1 & 0x3F3F3F3Fu,
+                   ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u), h2f((u16)(h.x & 0xFFFFu)),
+                   h2f((u16)(h.x >> 16))};
+}
+__device__ __forceinline__ float byte_f(u32 w, int j) { return (float)((w >> (8 * (j & 3))) & 255u); }
+
+// pq, pm: the activations as q8_mma_pack lays them out ((n_in / 32, 8, 32) int8; (n_in / 32, 8) float2 (d, d * sum)).
+extern "C" __global__ void __launch_bounds__(256) matvec_mmq_q4_k(const u8* __restrict__ w, const i8* __restrict__ pq,
+                                                                 const float4* __restrict__ pm, float* __restrict__ y,
+                                                                 int n_out, int n_blocks, int ntok, int wpr) {
+    __shared__ float red[MMQ_WARPS][4][WARP];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = (blockIdx.x * (MMQ_WARPS / wpr) + warp / wpr) * 16;
+    const int sub = warp % wpr;
+    const size_t row_bytes = (size_t)n_blocks * 144;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (row g, token 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
+    if (row0 < n_out) {
+        const u8* wa = w + (size_t)min(row0 + g, n_out - 1) * row_bytes;
+        const u8* wb = w + (size_t)min(row0 + g + 8, n_out - 1) * row_bytes;
+        const i8* xg = pq + 32 * g + 8 * t;  // B: token g's bytes 8t..8t + 7 of q8 block k at xg + 256 k
+        const float4* ms = pm + t;          // (d, d * sum) of tokens 2t and 2t + 1 of q8 block k at ms[4 k]
+        for (int b = sub; b < n_blocks; b += wpr) {
+            const u8* ba = wa + (size_t)b * 144;
+            const u8* bb = wb + (size_t)b * 144;
+            const uint4 hwa = ldw128(ba), hwb = ldw128(bb);
+            uint2 qa[4], qb[4];
+#pragma unroll
+            for (int p = 0; p < 4; ++p) {
+                qa[p] = ldw64(ba + 16 + 32 * p + 8 * t);
+                qb[p] = ldw64(bb + 16 + 32 * p + 8 * t);
+            }
+            const Q4KHead ha = q4k_head(hwa), hb = q4k_head(hwb);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {  // sub-block j: the low (j even) or high nibbles of part j / 2
+                const int p = j >> 1, sh = 4 * (j & 1);
+                const u32 a[4] = {(qa[p].x >> sh) & 0x0F0F0F0Fu, (qb[p].x >> sh) & 0x0F0F0F0Fu,
+                                  (qa[p].y >> sh) & 0x0F0F0F0Fu, (qb[p].y >> sh) & 0x0F0F0F0Fu};
+                const uint2 xv = __ldg((const uint2*)(xg + (size_t)(8 * b + j) * 256));
+                const u32 bx[2] = {xv.x, xv.y};
+                int c[4] = {0, 0, 0, 0};
+                mma_s8_16832(c, a, bx);
+                const float4 v = __ldg(ms + (size_t)(8 * b + j) * 4);  // tokens 2t, 2t + 1: d and d * sum
+                const float d0 = v.x, s0 = v.y, d1 = v.z, s1 = v.w;
+                const float sca = byte_f(j < 4 ? ha.sc_lo : ha.sc_hi, j), ma = byte_f(j < 4 ? ha.m_lo : ha.m_hi, j);
+                const float scb = byte_f(j < 4 ? hb.sc_lo : hb.sc_hi, j), mb = byte_f(j < 4 ? hb.m_lo : hb.m_hi, j);
+                acc[0] += ha.d * (sca * d0 * (float)c[0]) - ha.dmin * (ma * s0);
+                acc[1] += ha.d * (sca * d1 * (float)c[1]) - ha.dmin * (ma * s1);
+                acc[2] += hb.d * (scb * d0 * (float)c[2]) - hb.dmin * (mb * s0);
+                acc[3] += hb.d * (scb * d1 * (float)c[3]) - hb.dmin * (mb * s1);
+            }
+        }
+    }
+    if (wpr > 1) {  // the row tile's wpr warps add up in shared memory (wpr is the same for the whole CTA)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
+        __syncthreads();
+        if (sub != 0) return;
+        for (int k = 1; k < wpr; ++k)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[i] += red[warp + k][i][lane];
+    }
+    const int ra = row0 + g, rb = row0 + g + 8, ta = 2 * t, tb = 2 * t + 1;
+    if (ra < n_out && ta < ntok) y[(size_t)ta * n_out + ra] = acc[0];
+    if (ra < n_out && tb < ntok) y[(size_t)tb * n_out + ra] = acc[1];
+    if (rb < n_out && ta < ntok) y[(size_t)ta * n_out + rb] = acc[2];
+    if (rb < n_out && tb < ntok) y[(size_t)tb * n_out + rb] = acc[3];
+}
+// quantize_q8_1's activations of ntok <= 8 tokens (xq (ntok, n), xm (ntok, n / 32, 4)) in matvec_mmq's layout:
+// pq (n / 32, 8, 32) int8 (token-major within a q8 block) and pm (n / 32, 8, 2) float32 = (d, d * (sum lo + sum hi)),
+// the product matvec_q8t's kernels form. Tokens ntok..7 are left as they are (their sums are never stored).
+// One thread a 4-byte word: i < ntok * n / 4.
+extern "C" __global__ void __launch_bounds__(256) q8_mma_pack(const i8* __restrict__ xq, const float4* __restrict__ xm,
+                                                             i8* __restrict__ pq, float2* __restrict__ pm, int n,
+                                                             int ntok) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= ntok * (n / 4)) return;
+    const int tok = i / (n / 4), e = 4 * (i % (n / 4)), blk = e / 32;
+    *(u32*)(pq + ((size_t)blk * 8 + tok) * 32 + e % 32) = *(const u32*)(xq + (size_t)tok * n + e);
+    if (e % 32 == 0) {
+        const float4 m = xm[(size_t)tok * (n / 32) + blk];
+        pm[(size_t)blk * 8 + tok] = make_float2(m.x, m.x * (m.y + m.z));
+    }
+}
