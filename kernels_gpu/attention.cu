@@ -284,6 +284,9 @@ ATTN_ENTRY_X(ATT_E, ATT_HPC)
 // by its own row's (causal, sliding window). CTAs are issued last row tile first (the most keys, when positions
 // ascend). Sums run in another order than attn_e*'s (fp32 either way). A paged cache: every row is of the one
 // sequence whose block table `tables` is (key c in cell kv_cell(tables, 0, 0, bs, c)).
+// n_splits > 1 (grid z): few row tiles over many keys (a prompt chunk late in a long context) would leave most SMs
+// idle, so each CTA takes a share of the tile's key range, whole key tiles, and writes its rows' partial (max, sum,
+// unnormalized P V) for attn_combine, as the decode kernel's splits do.
 #ifdef ATTP_D
 #define ATTP_BQ 64
 #define ATTP_BK 64
@@ -330,7 +333,8 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
                                                   float* __restrict__ out, int n_tok, int n_head, int n_head_kv,
                                                   int code_k, int code_v, int rbk, int rbv, int n_kv, float scale,
                                                   int n_swa, const float* __restrict__ sinks,
-                                                  const i32* __restrict__ tables, int bs) {
+                                                  const i32* __restrict__ tables, int bs, int n_splits,
+                                                  float* __restrict__ part_ms, float* __restrict__ part_acc) {
     constexpr int BQ = ATTP_BQ, BK = ATTP_BK, NJ = D / 64, PS = BK + 4;  // PS: sP row stride
     constexpr int KREG = D * BK > BQ * PS ? D * BK : BQ * PS;
     extern __shared__ float4 attp_smem4[];
@@ -393,7 +397,10 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
     const size_t kstride = (size_t)n_head_kv * rbk, vstride = (size_t)n_head_kv * rbv;
     const u8* kbase = kc + (size_t)hk * rbk;
     const u8* vbase = vc + (size_t)hk * rbv;
-    for (int c0 = kmin; c0 < kmax; c0 += BK) {  // CTA-uniform
+    // split blockIdx.z of n_splits: whole key tiles [c_lo, c_hi) of the tile's range (none past it: masked by hi)
+    const int per = ((kmax - kmin + n_splits - 1) / n_splits + BK - 1) / BK * BK;
+    const int c_lo = kmin + (int)blockIdx.z * per, c_hi = min(kmax, c_lo + per);
+    for (int c0 = c_lo; c0 < c_hi; c0 += BK) {  // CTA-uniform
         __syncthreads();  // the previous tile's sP and sV are read
         for (int task = tid; task < BK * D / 8; task += ATTP_THREADS) {  // K, lanes: consecutive keys
             const int kk = task % BK, d0 = (task / BK) * 8;
@@ -496,7 +503,19 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1) ls += __shfl_xor_sync(0xffffffffu, ls, o);
         const int gr = r0 + ty * 4 + i;
-        if (gr < n_rows) {
+        if (gr < n_rows && n_splits > 1) {  // this split's (max, sum, unnormalized acc) for attn_combine
+            const size_t ps = ((size_t)(gr / G) * n_head + hk * G + gr % G) * n_splits + blockIdx.z;
+            if (tx == 0) {
+                part_ms[ps * 2] = m[i];  // NEG_INF: no key of the row in this split (acc not written)
+                part_ms[ps * 2 + 1] = ls;
+            }
+            if (m[i] != NEG_INF) {
+#pragma unroll
+                for (int jj = 0; jj < NJ; ++jj)
+                    *(float4*)(part_acc + ps * D + jj * 64 + tx * 4) = make_float4(
+                        acc[i][jj * 4 + 0], acc[i][jj * 4 + 1], acc[i][jj * 4 + 2], acc[i][jj * 4 + 3]);
+            }
+        } else if (gr < n_rows) {
             float* orow = out + ((size_t)(gr / G) * n_head + hk * G + gr % G) * D;
             if (sinks) {  // m[i]: the row's max (reduced over its 16 lanes), ls: its sum
                 const float inv = sink_inv(m[i], ls, sinks, hk * G + gr % G);
@@ -526,13 +545,14 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
         const float* __restrict__ q, const u8* __restrict__ kc, const u8* __restrict__ vc,                      \
         const i32* __restrict__ pos, float* __restrict__ out, int n_tok, int n_head, int n_head_kv, int code_k, \
         int code_v, int rbk, int rbv, int n_kv, float scale, int n_swa, int indirect,                          \
-        const float* __restrict__ sinks, const i32* __restrict__ tables, int bs) {                              \
+        const float* __restrict__ sinks, const i32* __restrict__ tables, int bs, int n_splits,                  \
+        float* __restrict__ part_ms, float* __restrict__ part_acc) {                                            \
         if (indirect) {                                                                                         \
             kc = *(const u8* const*)kc;                                                                         \
             vc = *(const u8* const*)vc;                                                                         \
         }                                                                                                       \
         attn_prefill_body<D>(q, kc, vc, pos, out, n_tok, n_head, n_head_kv, code_k, code_v, rbk, rbv, n_kv,     \
-                             scale, n_swa, sinks, tables, bs);                                                  \
+                             scale, n_swa, sinks, tables, bs, n_splits, part_ms, part_acc);                     \
     }
 #define ATTP_ENTRY_X(D, MINB) ATTP_ENTRY(D, MINB)
 ATTP_ENTRY_X(ATTP_D, (ATTP_D <= 128 ? 2 : 1))

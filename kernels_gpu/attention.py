@@ -22,6 +22,9 @@ MIN_CHUNK = 64  # keys per split at least (sets the number of splits)
 DYNAMIC_MIN_CHUNK = 16  # a graph launch's splits take this many keys at least: a short context spreads over a few
 # splits (16 keys: one pass of the 4 warps) instead of one CTA walking 64 keys in 4 dependent passes
 PREFILL_MIN_TOK = 16  # batches this large (and not dynamic) take the tiled prefill kernel; 0 turns it off
+PREFILL_SPLIT_CTAS = 132  # the prefill kernel splits the keys when its row tiles x KV heads are fewer (one H200
+# wave): a 64-token chunk of Llama-8B at position 8000 is 32 CTAs walking 125 key tiles each, one after the other
+PREFILL_SPLIT_MIN_KEYS = 4 * 64  # keys a split at least (4 key tiles)
 ATTP_THREADS = 256  # attn_prefill_d*: 16 x 16 threads
 ATTP_BQ = ATTP_BK = 64  # query rows and keys a tile (ATTP_BQ, ATTP_BK in attention.cu)
 ATTP_D = (64, 128, 192, 256)  # head_dim values of the prefill kernel
@@ -51,16 +54,16 @@ def _heads_per_cta(group: int, e: int) -> int:
 def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_swa: int = 0, out=None,
               target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK, dynamic: bool = False,
               slots: tuple[int, int] | None = None, prefill: bool | None = None, sinks=None,
-              paged: PagedArgs | None = None):
+              paged: PagedArgs | None = None, splits: int | None = None):
     """See attention_q8 (this is its output alone)."""
     return attention_q8(q, layer, positions, n_kv, scale, n_swa, out, target_ctas, min_chunk, dynamic, slots,
-                        prefill, sinks, paged=paged)[0]
+                        prefill, sinks, paged=paged, splits=splits)[0]
 
 
 def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_swa: int = 0, out=None,
                  target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK, dynamic: bool = False,
                  slots: tuple[int, int] | None = None, prefill: bool | None = None, sinks=None, q8: bool = False,
-                 paged: PagedArgs | None = None):
+                 paged: PagedArgs | None = None, splits: int | None = None):
     """q (n_tok, n_head, head_dim) f32 (cupy) at positions (cupy int32 (n_tok,)) over cache cells [0, n_kv)
     -> (n_tok, n_head, head_dim) f32: softmax(scale q.k) v with causal and sliding-window (n_swa > 0) masks.
     The batch's own K/V must be stored first. head_dim_k must equal head_dim_v (a multiple of 32, <= 256).
@@ -75,7 +78,9 @@ def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, 
     8-bit quantization ((xq, xm) as quantize_q8_1's of out as (n_tok, n_head * head_dim), written by attn_combine),
     else None. paged: the keys through block tables (layer.k / layer.v the pool; n_kv at most the tables' width
     times the block size); with paged.seq_of the tokens may be of several sequences, each attending to its own
-    keys (the decode kernel only: a prefill kernel's tile holds one sequence)."""
+    keys (the decode kernel only: a prefill kernel's tile holds one sequence). splits: the prefill kernel's key
+    splits (None: more than one only when its row tiles x KV heads are fewer than PREFILL_SPLIT_CTAS, up to
+    target_ctas CTAs, PREFILL_SPLIT_MIN_KEYS keys a split at least)."""
     import cupy  # noqa: PLC0415
 
     if not isinstance(q, cupy.ndarray) or q.dtype != cupy.float32 or q.ndim != 3:
@@ -116,34 +121,44 @@ def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, 
         fn, smem = _prefill_kernel(d)
         group = n_head // n_head_kv
         n_tiles = -(-(n_tok * group) // ATTP_BQ)
-        fn((n_tiles, n_head_kv), (ATTP_THREADS,),
+        if splits is None:
+            splits = 1
+            if n_tiles * n_head_kv < PREFILL_SPLIT_CTAS:
+                splits = max(1, min(-(-target_ctas // (n_tiles * n_head_kv)), n_kv // PREFILL_SPLIT_MIN_KEYS))
+        part_ms = part_acc = np.uint64(0)
+        if splits > 1:
+            part_ms = cupy.empty((n_tok * n_head * splits * 2,), dtype=cupy.float32)
+            part_acc = cupy.empty((n_tok * n_head * splits * d,), dtype=cupy.float32)
+        fn((n_tiles, n_head_kv, splits), (ATTP_THREADS,),
            (q, kc, vc, positions, out, i32(n_tok), i32(n_head), i32(n_head_kv), i32(kv_type_code(layer.type_k)),
             i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]), i32(layer.v.shape[2]), i32(n_kv),
-            np.float32(scale), i32(n_swa), i32(slots is not None), sink_ptr, tables[0], tables[3]), shared_mem=smem)
-        return out, None
-    e = d // 32
-    group = n_head // n_head_kv
-    hpc = _heads_per_cta(group, e)
-    gpk = (group + hpc - 1) // hpc
-    ctas = n_tok * n_head_kv * gpk
-    max_splits = max(1, -(-n_kv // min_chunk))
-    n_splits = min(max_splits, max(1, -(-target_ctas // ctas)))
-    if dynamic:
-        chunk = -max(1, min(min_chunk, DYNAMIC_MIN_CHUNK))  # the kernel: max(that, ceil(keys in use / n_splits))
+            np.float32(scale), i32(n_swa), i32(slots is not None), sink_ptr, tables[0], tables[3], i32(splits),
+            part_ms, part_acc), shared_mem=smem)
+        n_splits = splits
     else:
-        chunk = max(1, -(-n_kv // n_splits))
-        n_splits = max(1, -(-n_kv // chunk))
-    if n_splits > 1:
-        part_ms = cupy.empty((n_tok * n_head * n_splits * 2,), dtype=cupy.float32)
-        part_acc = cupy.empty((n_tok * n_head * n_splits * d,), dtype=cupy.float32)
-    else:
-        part_ms = part_acc = np.uint64(0)
-    fn = get_kernel("attention", f"attn_e{e}_h{hpc}", (("ATT_E", e), ("ATT_HPC", hpc)))
-    fn((n_splits, n_head_kv * gpk, n_tok), (ATT_THREADS,),
-       (q, kc, vc, positions, out, part_ms, part_acc, i32(n_head), i32(n_head_kv),
-        i32(kv_type_code(layer.type_k)), i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]),
-        i32(layer.v.shape[2]), i32(n_kv), i32(chunk), i32(n_splits), np.float32(scale), i32(n_swa),
-        i32(slots is not None), sink_ptr, *tables))
+        e = d // 32
+        group = n_head // n_head_kv
+        hpc = _heads_per_cta(group, e)
+        gpk = (group + hpc - 1) // hpc
+        ctas = n_tok * n_head_kv * gpk
+        max_splits = max(1, -(-n_kv // min_chunk))
+        n_splits = min(max_splits, max(1, -(-target_ctas // ctas)))
+        if dynamic:
+            chunk = -max(1, min(min_chunk, DYNAMIC_MIN_CHUNK))  # kernel: max(that, ceil(keys in use / n_splits))
+        else:
+            chunk = max(1, -(-n_kv // n_splits))
+            n_splits = max(1, -(-n_kv // chunk))
+        if n_splits > 1:
+            part_ms = cupy.empty((n_tok * n_head * n_splits * 2,), dtype=cupy.float32)
+            part_acc = cupy.empty((n_tok * n_head * n_splits * d,), dtype=cupy.float32)
+        else:
+            part_ms = part_acc = np.uint64(0)
+        fn = get_kernel("attention", f"attn_e{e}_h{hpc}", (("ATT_E", e), ("ATT_HPC", hpc)))
+        fn((n_splits, n_head_kv * gpk, n_tok), (ATT_THREADS,),
+           (q, kc, vc, positions, out, part_ms, part_acc, i32(n_head), i32(n_head_kv),
+            i32(kv_type_code(layer.type_k)), i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]),
+            i32(layer.v.shape[2]), i32(n_kv), i32(chunk), i32(n_splits), np.float32(scale), i32(n_swa),
+            i32(slots is not None), sink_ptr, *tables))
     if n_splits == 1:
         return out, None
     null = np.uint64(0)

@@ -493,8 +493,8 @@ def test_attention_odd_groups_and_dims(hd, n_head, n_head_kv):
         assert _attention_case("f16", "q8_0", hd, n_head, n_head_kv, pos, n_swa, rng) < NMSE_ATTN
 
 
-def _prefill_case(type_k, type_v, hd, n_head, n_head_kv, pos, n_swa, rng, prefill):
-    """(nmse of the forced kernel vs float64, its output) on a cache filled over [0, max(pos) + 8)."""
+def _prefill_case(type_k, type_v, hd, n_head, n_head_kv, pos, n_swa, rng, prefill, splits=None):
+    """nmse of the forced kernel vs float64 on a cache filled over [0, max(pos) + 8)."""
     n_ctx = int(pos.max()) + 8
     layer = alloc_kv_layer(n_ctx, n_head_kv, hd, hd, type_k, type_v)
     k = rng.standard_normal((n_ctx, n_head_kv, hd)).astype(np.float32)
@@ -504,7 +504,7 @@ def _prefill_case(type_k, type_v, hd, n_head, n_head_kv, pos, n_swa, rng, prefil
     scale = 1.0 / np.sqrt(hd)
     out = cupy.full((len(pos), n_head, hd), np.nan, dtype=cupy.float32)
     y = attention(cupy.asarray(q), layer, cupy.asarray(pos), int(pos.max()) + 1, scale, n_swa, out=out,
-                  prefill=prefill).get()
+                  prefill=prefill, splits=splits).get()
     ref = ref_attention(q, _ref_rows(layer.k.get(), type_k, hd), _ref_rows(layer.v.get(), type_v, hd), pos,
                         scale, n_swa)
     assert np.isfinite(y).all()
@@ -523,6 +523,44 @@ def test_attention_prefill_kernel(type_k, type_v, hd, n_head, n_head_kv):
     for pos, n_swa in cases:
         err = _prefill_case(type_k, type_v, hd, n_head, n_head_kv, pos, n_swa, rng, True)
         assert err < NMSE_ATTN, (type_k, type_v, hd, pos[0], len(pos), n_swa, err)
+
+
+@pytest.mark.parametrize("type_k,type_v", [("f16", "f16"), ("q8_0", "q4_0")])
+@pytest.mark.parametrize("hd", [64, 128, 256])
+def test_attention_prefill_split_keys(type_k, type_v, hd):
+    """The prefill kernel with each tile's keys split over CTAs (a short chunk late in a long context), vs float64:
+    windows, and gaps that leave splits without a key of some rows or of the whole tile."""
+    rng = np.random.default_rng(hd + len(type_k))
+    chunk = np.arange(1500, 1540, dtype=np.int32)
+    gaps = np.array([0, 3, 64, 700, 701, 1200, 1201, 1202, 1530], dtype=np.int32)
+    for pos, n_swa in ((chunk, 0), (chunk, 300), (gaps, 0), (gaps, 100)):
+        for splits in (2, 5, 16):
+            err = _prefill_case(type_k, type_v, hd, 8, 2, pos, n_swa, rng, True, splits)
+            assert err < NMSE_ATTN, (hd, pos[0], len(pos), n_swa, splits, err)
+
+
+def test_attention_prefill_splits_auto_and_sinks():
+    """Few row tiles over many keys split by default (no split when the tiles fill the GPU); with attention sinks
+    the split kernel (attn_combine adds the sink) matches the unsplit one."""
+    from kernels_gpu import attention as att
+
+    rng = np.random.default_rng(5)
+    n_ctx, hd = 2048, 128
+    layer = alloc_kv_layer(n_ctx, 2, hd, hd, "f16", "f16")
+    kv_store(layer, cupy.arange(n_ctx, dtype=cupy.int32), cupy.asarray(rng.standard_normal((n_ctx, 2, hd)),
+                                                                      cupy.float32),
+             cupy.asarray(rng.standard_normal((n_ctx, 2, hd)), cupy.float32))
+    pos = cupy.arange(n_ctx - 32, n_ctx, dtype=cupy.int32)
+    q = cupy.asarray(rng.standard_normal((32, 8, hd)), cupy.float32)
+    auto = attention(q, layer, pos, n_ctx, 0.1).get()
+    n_tiles = -(-32 * 4 // att.ATTP_BQ) * 2  # row tiles x KV heads: 4 CTAs
+    want = min(-(-att.TARGET_CTAS // n_tiles), n_ctx // att.PREFILL_SPLIT_MIN_KEYS)
+    np.testing.assert_array_equal(auto, attention(q, layer, pos, n_ctx, 0.1, prefill=True, splits=want).get())
+    assert nmse(auto, attention(q, layer, pos, n_ctx, 0.1, prefill=True, splits=1).get()) < 1e-12
+    sinks = cupy.asarray(rng.standard_normal(8), cupy.float32)
+    one = attention(q, layer, pos, n_ctx, 0.1, prefill=True, splits=1, sinks=sinks).get()
+    split = attention(q, layer, pos, n_ctx, 0.1, prefill=True, splits=7, sinks=sinks).get()
+    assert nmse(split, one) < 1e-12
 
 
 def test_attention_prefill_is_auto_above_threshold():
