@@ -114,10 +114,26 @@ def prefix_turns(url: str, prefix_tokens: int) -> dict:
             "ratio": t2 / t1 if t1 > 0 else 0.0}
 
 
+SERVE_ONLY = ("-np", "--parallel", "--host", "--port", "--api-key", "--cache-ram")  # flags `hybrid run` lacks
+
+
+def run_flags(args: list[str]) -> list[str]:
+    """The --server-args that `hybrid run` takes too: each SERVE_ONLY flag is dropped with its value."""
+    out, skip = [], False
+    for a in args:
+        if skip:
+            skip = False
+        elif a in SERVE_ONLY:
+            skip = True
+        elif not a.startswith(tuple(f + "=" for f in SERVE_ONLY)):
+            out.append(a)
+    return out
+
+
 def run_rates(model: str, prompt_tokens: int, max_tokens: int, args: list[str]) -> dict:
     """`hybrid run --json`: its own prompt-eval and eval rates for the same prompt size."""
     cmd = [sys.executable, "-m", "hybrid", "run", model, "-p", prompt_text(0, prompt_tokens), "-n", str(max_tokens),
-           "--temp", "0", "--json", *args]
+           "--temp", "0", "--json", *run_flags(args)]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, check=True)
     t = json.loads(out.stdout)["timings"]
     return {"prompt_n": t["prompt_n"], "prompt_per_second": t["prompt_per_second"],

@@ -1,0 +1,39 @@
+"""The pure parts of the serving load scripts: which inter-token gaps scripts/bench_chunked.py counts, its
+percentiles, and which --server-args scripts/bench_serve.py passes on to `hybrid run`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+from bench_chunked import Stream, gaps, stats  # noqa: E402
+from bench_serve import run_flags  # noqa: E402
+
+
+def _stream(times):
+    s = Stream("http://127.0.0.1:1", {})
+    s.arrivals = list(times)
+    return s
+
+
+def test_gaps_skip_the_first_token_and_keep_those_overlapping_the_window():
+    s = _stream([0.0, 1.0, 1.5, 3.0, 3.2, 6.0])  # gaps after the first chunk: 0.5, 1.5, 0.2, 2.8 s
+    assert [round(g, 6) for g in gaps([s])] == [500, 1500, 200, 2800]
+    window = [round(g, 6) for g in gaps([s], 2.0, 3.1)]  # (1.5, 3.0) and (3.0, 3.2) overlap [2.0, 3.1]
+    assert window == [1500, 200]
+    assert gaps([s], 7.0, 8.0) == []
+
+
+def test_stats_median_p99_max():
+    xs = [float(i) for i in range(1, 101)]  # 1..100
+    st = stats(xs)
+    assert st["n"] == 100 and st["median"] == 50.5 and st["max"] == 100.0
+    assert st["p99"] == 99.0  # the value at rank round(0.99 * 99) = 98 of the sorted gaps
+    assert stats([]) == {"n": 0, "median": 0.0, "p99": 0.0, "max": 0.0}
+
+
+def test_run_flags_drop_the_servers_own():
+    args = ["-t", "2", "-np", "4", "-c", "8192", "--port=8080", "--cache-ram", "1GiB", "-b", "256", "--host", "::"]
+    assert run_flags(args) == ["-t", "2", "-c", "8192", "-b", "256"]
