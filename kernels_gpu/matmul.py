@@ -161,7 +161,7 @@ def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = 
         matvec_q8(w_raw, type_name, xq, xm, y2, wpr, rpw)
     elif path == "matvec" and uses_q8t(type_name, n_tok, q8):
         xq, xm = quantize_q8_1(x2) if q8_act is None else q8_act
-        matvec_q8t(w_raw, type_name, xq, xm, y2, wpr, rpw)
+        matvec_q8t(w_raw, type_name, xq, xm, y2, wpr)
     elif path == "matvec":
         for s in range(0, n_tok, MATVEC_MAX_TOKENS):
             e = min(n_tok, s + MATVEC_MAX_TOKENS)
