@@ -5,8 +5,9 @@
 #   STAGE=bench bash scripts/serve_session.sh   for each NGL: scripts/bench_serve.py at CONC against hybrid serve,
 #                                               then llama-server, ROUNDS times; `hybrid bench --batched` last
 #   STAGE=all bash scripts/serve_session.sh     one call: the build (background), the model, TEST_FILES,
-#                                               scripts/gpu_batch_step.py, hybrid serve at each NGL (CONC at the
-#                                               first, 1 and NP after), then llama-server at the first NGL
+#                                               scripts/gpu_batch_step.py; once the build is done, hybrid serve at
+#                                               each NGL (CONC at the first, 1 and NP after), then llama-server at the
+#                                               first NGL
 # env: OUT (/tmp/serve_out), MODEL (/tmp/l8b.gguf), NGLS (99,16), NP (8), CTX (16384), CONC (1,4,8,16), REQUESTS (16),
 #      PROMPT (256), GEN (128), ROUNDS (1), THREADS (16), LSERVER ($HOME/lbuild/bin/llama-server)
 # llama-server's source: `bash ../shared/device/llamacpp.sh prepare`, then put back tools/ui's CMakeLists.txt and
@@ -82,9 +83,10 @@ all)
   stamp "tests rc=$?"; grep -E "^(FAILED|ERROR)|Error|assert" "$OUT/tests.log" | head -40; tail -n 1 "$OUT/tests.log"
   timeout -k 5 150 python3 scripts/gpu_batch_step.py "$MODEL" | tee "$OUT/batch_step.txt"
   first=${NGLS%%,*}
+  # the servers only after the build: a cmake -j on every host core beside hybrid serve halved its -ngl 16 figures
+  [[ -n ${LB_PID:-} ]] && { stamp "waiting for the llama-server build"; wait "$LB_PID"; }
   serve_one hybrid "$first" 1
   for ngl in $(echo "${NGLS//,/ }" | cut -d' ' -f2-); do CONC=1,$NP REQUESTS=$NP serve_one hybrid "$ngl" 1; done
-  [[ -n ${LB_PID:-} ]] && wait "$LB_PID"
   serve_one llama "$first" 1 ;;
 setup)
   if [[ ! -x $LSERVER && -d .llamacpp ]]; then build_server & LB_PID=$!; fi
