@@ -9,7 +9,8 @@
 // 1481 against 1712 GB/s, 14336x4096, 8 tokens.)
 // The k order inside a sub-block is permuted the same way for both operands (lane t's A words hold elements
 // 8t..8t+3 and 8t+4..8t+7, and so do its B words), which leaves every sum unchanged.
-// Tokens past ntok read token 0 and are never stored; rows past n_out re-read the last row and are never stored.
+// Columns past ntok read what the packed buffer holds there (each column of a product depends on its own B column
+// alone) and are never stored; rows past n_out re-read the last row and are never stored.
 
 #ifndef MMQ_WARPS
 #define MMQ_WARPS 8  // warps per CTA (256 threads)
@@ -106,6 +107,7 @@ extern "C" __global__ void __launch_bounds__(256) matvec_mmq_q4_k(const u8* __re
     if (rb < n_out && ta < ntok) y[(size_t)ta * n_out + rb] = acc[2];
     if (rb < n_out && tb < ntok) y[(size_t)tb * n_out + rb] = acc[3];
 }
+
 // quantize_q8_1's activations of ntok <= 8 tokens (xq (ntok, n), xm (ntok, n / 32, 4)) in matvec_mmq's layout:
 // pq (n / 32, 8, 32) int8 (token-major within a q8 block) and pm (n / 32, 8, 2) float32 = (d, d * (sum lo + sum hi)),
 // the product matvec_q8t's kernels form. Tokens ntok..7 are left as they are (their sums are never stored).
