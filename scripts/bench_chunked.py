@@ -24,7 +24,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_serve import prompt_text  # noqa: E402
+from bench_serve import has_text, prompt_text, sse_chunks  # noqa: E402
 
 
 class Stream(threading.Thread):
@@ -46,15 +46,11 @@ class Stream(threading.Thread):
             r = conn.getresponse()
             if r.status != 200:
                 raise RuntimeError(f"HTTP {r.status}: {r.read()[:200]!r}")
-            while not self.stop.is_set():
-                line = r.readline()
-                if not line:
+            for chunk in sse_chunks(r):
+                if self.stop.is_set():
                     break
-                line = line.strip()
-                if line.startswith(b"data: ") and line != b"data: [DONE]":
-                    chunk = json.loads(line[6:])
-                    if any(c.get("text") for c in chunk.get("choices") or []):
-                        self.arrivals.append(time.perf_counter())
+                if has_text(chunk):
+                    self.arrivals.append(time.perf_counter())
         except Exception as exc:  # noqa: BLE001 - reported in the output
             self.error = f"{type(exc).__name__}: {exc}"
         finally:

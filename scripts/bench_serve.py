@@ -42,22 +42,29 @@ def stream(url: str, path: str, body: dict) -> dict:
     r = conn.getresponse()
     if r.status != 200:
         raise RuntimeError(f"{path}: HTTP {r.status}: {r.read()[:300]!r}")
-    arrivals, usage, buf = [], None, b""
+    arrivals, usage = [], None
+    for chunk in sse_chunks(r):
+        usage = chunk.get("usage") or usage
+        arrivals += [time.perf_counter()] * has_text(chunk)
+    conn.close()
+    return {"t0": t0, "arrivals": arrivals, "end": time.perf_counter(), "usage": usage or {}}
+
+
+def sse_chunks(r):
+    """The JSON chunks of a streamed response's `data:` lines, in order (until [DONE] or the end)."""
     while True:
         line = r.readline()
         if not line:
-            break
+            return
         line = line.strip()
-        if not line.startswith(b"data: ") or line == b"data: [DONE]":
-            continue
-        chunk = json.loads(line[6:])
-        usage = chunk.get("usage") or usage
-        for c in chunk.get("choices") or []:
-            text = c.get("text") or (c.get("delta") or {}).get("content") or (c.get("delta") or {}).get("reasoning_content")
-            if text:
-                arrivals.append(time.perf_counter())
-    conn.close()
-    return {"t0": t0, "arrivals": arrivals, "end": time.perf_counter(), "usage": usage or {}}
+        if line.startswith(b"data: ") and line != b"data: [DONE]":
+            yield json.loads(line[6:])
+
+
+def has_text(chunk: dict) -> int:
+    """How many of a chunk's choices carry text (a completion's, or a chat delta's content or reasoning)."""
+    return sum(bool(c.get("text") or (c.get("delta") or {}).get("content")
+                    or (c.get("delta") or {}).get("reasoning_content")) for c in chunk.get("choices") or [])
 
 
 def summarize(results: list[dict], wall_s: float) -> dict:
