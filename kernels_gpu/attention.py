@@ -43,6 +43,17 @@ def _prefill_kernel(d: int):
     return fn, smem
 
 
+def _partials(rows: int, n_splits: int, d: int) -> tuple:
+    """attn_combine's inputs for `rows` (token, head) rows of n_splits key splits: (max, sum) and the unnormalized
+    P V, float32 on the device; nullptrs when the keys are not split."""
+    import cupy  # noqa: PLC0415
+
+    if n_splits == 1:
+        return np.uint64(0), np.uint64(0)
+    return (cupy.empty((rows * n_splits * 2,), dtype=cupy.float32),
+            cupy.empty((rows * n_splits * d,), dtype=cupy.float32))
+
+
 def _heads_per_cta(group: int, e: int) -> int:
     cap = 4 if e > 4 else 8  # HPC * E <= 32 accumulators per lane
     hpc = 1
@@ -125,10 +136,7 @@ def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, 
             splits = 1
             if n_tiles * n_head_kv < PREFILL_SPLIT_CTAS:
                 splits = max(1, min(-(-target_ctas // (n_tiles * n_head_kv)), n_kv // PREFILL_SPLIT_MIN_KEYS))
-        part_ms = part_acc = np.uint64(0)
-        if splits > 1:
-            part_ms = cupy.empty((n_tok * n_head * splits * 2,), dtype=cupy.float32)
-            part_acc = cupy.empty((n_tok * n_head * splits * d,), dtype=cupy.float32)
+        part_ms, part_acc = _partials(n_tok * n_head, splits, d)
         fn((n_tiles, n_head_kv, splits), (ATTP_THREADS,),
            (q, kc, vc, positions, out, i32(n_tok), i32(n_head), i32(n_head_kv), i32(kv_type_code(layer.type_k)),
             i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]), i32(layer.v.shape[2]), i32(n_kv),
@@ -148,11 +156,7 @@ def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, 
         else:
             chunk = max(1, -(-n_kv // n_splits))
             n_splits = max(1, -(-n_kv // chunk))
-        if n_splits > 1:
-            part_ms = cupy.empty((n_tok * n_head * n_splits * 2,), dtype=cupy.float32)
-            part_acc = cupy.empty((n_tok * n_head * n_splits * d,), dtype=cupy.float32)
-        else:
-            part_ms = part_acc = np.uint64(0)
+        part_ms, part_acc = _partials(n_tok * n_head, n_splits, d)
         fn = get_kernel("attention", f"attn_e{e}_h{hpc}", (("ATT_E", e), ("ATT_HPC", hpc)))
         fn((n_splits, n_head_kv * gpk, n_tok), (ATT_THREADS,),
            (q, kc, vc, positions, out, part_ms, part_acc, i32(n_head), i32(n_head_kv),
