@@ -21,6 +21,11 @@ before the signal, and whose outputs it copies back after the wait) and answers.
 synchronization per break. Where the device lacks unified addressing (the kernels could not reach host memory at
 the host's address), a captured step is cut at each break into pieces instead: each piece launched, synchronized,
 then its fn, as eagerly. A host fn must not wait for the step's stream (it would wait for itself).
+
+A host fn may return a callable: the host's work that the step does not read (bookkeeping). It runs after the
+answer, while the GPU goes on. A break may name a device int32 array `needs`: the GPU then waits for the host only
+when one of its values is negative (an expert cache's misses, which the host computes); otherwise the host's call
+runs beside the rest of the step, whose kernels must then not read its results.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ class GraphStats:
     piece_launch_s: float = 0.0
     piece_wait_s: float = 0.0
     host_s: float = 0.0
+    after_s: float = 0.0  # the host fns' work after their answers (the callables they return)
 
 
 class GraphRunner:
@@ -126,7 +132,8 @@ class GraphRunner:
         self._flags_mem = _HostAlloc(ptr)
         flags = np.ctypeslib.as_array((ctypes.c_int32 * (nbytes // 4)).from_address(ptr))
         flags[:] = 0
-        return flags, ptr, (get_kernel("host_sync", "host_signal"), get_kernel("host_sync", "host_wait"))
+        return flags, ptr, tuple(get_kernel("host_sync", k) for k in ("host_signal", "host_wait",
+                                                                       "host_wait_if_negative"))
 
     # ---- pinned host buffers
     def _pinned(self, nbytes: int, which: str) -> np.ndarray:
@@ -220,10 +227,14 @@ class GraphRunner:
             t1 = time.perf_counter()
             st.synchronize()
             t2 = time.perf_counter()
-            host_fn()
+            after = host_fn()
+            t3 = time.perf_counter()
+            if after is not None:
+                after()
             s.piece_launch_s += t1 - t0
             s.piece_wait_s += t2 - t1
-            s.host_s += time.perf_counter() - t2
+            s.host_s += t3 - t2
+            s.after_s += time.perf_counter() - t3
         s.pieces += len(e.pieces) - skip
 
     def _replay_breaks(self, e: _Entry) -> None:
@@ -245,10 +256,14 @@ class GraphRunner:
                         raise HostBreakError(f"the GPU did not reach host break {k} of a decode step within "
                                              f"{HOST_WAIT_S:.0f} s")
                 t2 = time.perf_counter()
-                host_fn()
+                after = host_fn()
                 f[_DONE] = k
+                t3 = time.perf_counter()
+                if after is not None:
+                    after()
                 s.piece_wait_s += t2 - t1
-                s.host_s += time.perf_counter() - t2
+                s.host_s += t3 - t2
+                s.after_s += time.perf_counter() - t3
         except BaseException:
             f[_DONE] = _RELEASE
             st.synchronize()
@@ -263,27 +278,35 @@ class GraphRunner:
             raise HostBreakError(f"a host call of a decode step took longer than {HOST_WAIT_S:.0f} s; the step's "
                                  f"result is invalid")
 
-    def host_break(self, fn, beside=None) -> None:
+    def host_break(self, fn, beside=None, needs=None) -> None:
         """Within a step: wait for what was launched so far, run fn() on the host, go on (see the module
         docstring). Outside a capture, a synchronization of the step's stream and the call. beside(), when given,
         launches GPU work that neither feeds fn nor reads its results: in the one-graph form it runs while the
-        host calls fn; otherwise it is launched after the call."""
+        host calls fn; otherwise it is launched after the call. fn may return a callable, run after the answer.
+        needs (cupy int32, contiguous, computed before the break): in the one-graph form the GPU waits for the
+        host's answer only when one of its values is negative."""
         st = self.stream
         if not self.capturing:
             st.synchronize()
-            fn()
+            after = fn()
             if beside is not None:
                 beside()
+            if after is not None:
+                after()
             return
         if self._sync is not None:  # one graph: signal break k, wait for the host's k (nothing runs now)
             k = np.int32(len(self._pieces) + 1)
-            signal, wait = self._sync
+            signal, wait, wait_if = self._sync
             ptr = self._flags_ptr
             signal((1,), (1,), (np.uint64(ptr + 4 * _READY), k))
             if beside is not None:
                 beside()
-            wait((1,), (1,), (np.uint64(ptr + 4 * _DONE), k, np.uint64(ptr + 4 * _TIMED_OUT),
-                              np.int64(HOST_WAIT_S * GPU_CLOCK_HZ)))
+            flags = (np.uint64(ptr + 4 * _DONE), k, np.uint64(ptr + 4 * _TIMED_OUT),
+                     np.int64(HOST_WAIT_S * GPU_CLOCK_HZ))
+            if needs is None:
+                wait((1,), (1,), flags)
+            else:
+                wait_if((1,), (1,), flags + (needs, np.int32(needs.size)))
             self._pieces.append((None, fn))
             return
         g = st.end_capture()  # the piece so far: launched now (the host call needs its results), kept for replays
@@ -291,7 +314,9 @@ class GraphRunner:
             g.upload(st)
         g.launch(st)
         st.synchronize()
-        fn()
+        after = fn()
+        if after is not None:
+            after()
         self._pieces.append((g, fn))
         st.begin_capture()
         if beside is not None:

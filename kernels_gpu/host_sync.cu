@@ -24,3 +24,23 @@ extern "C" __global__ void host_wait(const volatile int* flag, int value, volati
     }
     __threadfence_system();
 }
+
+// host_wait, only when one of vals[0 .. n) is negative (the host's answer is then needed: an expert the GPU's cache
+// missed, which the host computes); otherwise the GPU goes on at once and the host's call for this break runs while
+// it does (its results unread by the step)
+extern "C" __global__ void host_wait_if_negative(const volatile int* flag, int value, volatile int* timed_out,
+                                                 long long max_cycles, const int* __restrict__ vals, int n) {
+    bool need = false;
+    for (int i = 0; i < n; ++i) need |= vals[i] < 0;
+    if (!need) return;
+    const long long t0 = clock64();
+    while (*flag < value) {
+        if (clock64() - t0 > max_cycles) {
+            *timed_out = 1;
+            __threadfence_system();
+            return;
+        }
+        __nanosleep(256);
+    }
+    __threadfence_system();
+}

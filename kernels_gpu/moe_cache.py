@@ -31,6 +31,24 @@ def lookup(table, ids, wts, null_slot: int) -> tuple:
     return found, slots, wts_hit
 
 
+def add_misses(hits, cpu, found):
+    """hits + cpu (cupy float32, one shape) when found (cupy int32, lookup's) has a miss, else hits: the step waited
+    for the host's sum of the misses only then (graph.host_break's `needs`)."""
+    import cupy  # noqa: PLC0415
+
+    if hits.dtype != cupy.float32 or cpu.dtype != cupy.float32 or hits.shape != cpu.shape or found.dtype != cupy.int32:
+        raise ValueError(f"moe_cache add_misses: need float32 sums of one shape and int32 lookups; found {hits.dtype} "
+                         f"{hits.shape}, {cpu.dtype} {cpu.shape}, {found.dtype}")
+    hits, cpu, found = (cupy.ascontiguousarray(a) for a in (hits, cpu, found))
+    out = cupy.empty_like(hits)
+    n = hits.size
+    if n:
+        get_kernel("moe_cache", "moe_cache_add_misses")(((n + 255) // 256,), (256,), (hits, cpu, found,
+                                                                                 np.int32(found.size), out,
+                                                                                 np.int32(n)))
+    return out
+
+
 def lookup_reference(table: np.ndarray, ids: np.ndarray, wts: np.ndarray, null_slot: int) -> tuple:
     """lookup on the host (numpy), for the tests."""
     found = table[ids].astype(np.int32)

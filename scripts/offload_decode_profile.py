@@ -10,6 +10,7 @@ graph pieces with host calls between them). Per token, in host wall time:
 - wait: waiting for the GPU to reach each break (its work, the copies to pinned memory, the signal);
 - host: the host calls (HostExperts' CPU experts: Python, the compiled call and its threads);
   of which "cpu kernel": the compiled expert call alone, re-timed on the same inputs after the run;
+- after: the host's work after its answers, while the GPU goes on (the expert cache's book and uploads);
 - rest: the last piece (the layers after the last break, the output layer), the input and output copies, Python
   of Engine.eval.
 With --moe-cache, the cache's host call is split too: validating finished copies, the book, the uploads' launches,
@@ -113,15 +114,17 @@ def main() -> int:
         tok = int(np.argmax(eng.eval([tok], cache)[-1]))
     st = gpu._graphs.stats
     parts_base = {k: tuple(v) for k, v in parts.items()} if parts is not None else {}
-    base = (st.pieces, st.piece_launch_s, st.piece_wait_s, st.host_s, he.stats.cpu_seconds, he.stats.cpu_batches)
+    base = (st.pieces, st.piece_launch_s, st.piece_wait_s, st.host_s, he.stats.cpu_seconds, he.stats.cpu_batches,
+            st.after_s)
     wall = []
     for _ in range(args.tokens):
         t0 = time.perf_counter()
         tok = int(np.argmax(eng.eval([tok], cache)[-1]))
         wall.append(time.perf_counter() - t0)
     n = args.tokens
-    pieces, launch, wait, host, cpu_s, cpu_b = (a - b for a, b in zip(
-        (st.pieces, st.piece_launch_s, st.piece_wait_s, st.host_s, he.stats.cpu_seconds, he.stats.cpu_batches), base))
+    pieces, launch, wait, host, cpu_s, cpu_b, after = (a - b for a, b in zip(
+        (st.pieces, st.piece_launch_s, st.piece_wait_s, st.host_s, he.stats.cpu_seconds, he.stats.cpu_batches,
+         st.after_s), base))
     total = sum(wall)
     k_s, k_layers = kernel_time(he)
     ms = lambda s: 1e3 * s / n  # noqa: E731 - per token
@@ -133,8 +136,9 @@ def main() -> int:
         "breaks_per_token": pieces / n, "launch_ms": ms(launch), "wait_ms": ms(wait), "host_ms": ms(host),
         "host_cpu_calls_ms": ms(cpu_s), "cpu_calls_per_token": cpu_b / n,
         "kernel_alone_us_per_layer": 1e6 * k_s, "kernel_alone_ms_per_token": 1e3 * k_s * k_layers,
-        "rest_ms": ms(total - launch - wait - host),
-        "per_break_us_outside_kernel": 1e6 * (launch + wait + host - k_s * k_layers * n) / max(pieces, 1),
+        "after_ms": ms(after),
+        "rest_ms": ms(total - launch - wait - host - after),
+        "per_break_us_outside_kernel": 1e6 * (launch + wait + host + after - k_s * k_layers * n) / max(pieces, 1),
         "graph_report": gpu.graph_report(),
     }
     if parts is not None:  # the expert cache's host call, part by part (ms a token, calls a token)

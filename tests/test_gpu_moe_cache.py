@@ -145,6 +145,20 @@ def test_the_device_table_and_slots_match_the_book(moe_model):
         eng.close()
 
 
+def test_add_misses_adds_the_hosts_sum_only_after_a_miss():
+    from kernels_gpu.moe_cache import add_misses
+
+    rng = np.random.default_rng(1)
+    hits = rng.standard_normal((2, 64)).astype(np.float32)
+    cpu = rng.standard_normal((2, 64)).astype(np.float32)
+    found = np.array([[3, 0, 7], [1, 2, 5]], dtype=np.int32)
+    got = add_misses(cupy.asarray(hits), cupy.asarray(cpu), cupy.asarray(found)).get()
+    np.testing.assert_array_equal(got, hits)  # all hits: the host's buffer (stale here) is not read
+    found[1, 2] = -1
+    got = add_misses(cupy.asarray(hits), cupy.asarray(cpu), cupy.asarray(found)).get()
+    np.testing.assert_array_equal(got, hits + cpu)
+
+
 def test_lookup_kernel_matches_its_reference():
     from kernels_gpu.moe_cache import lookup, lookup_reference
 

@@ -5,6 +5,7 @@ Every test needs a CUDA device through CuPy (marked `gpu`, skipped elsewhere by 
 
 from __future__ import annotations
 
+import time
 import zlib
 from dataclasses import replace
 
@@ -874,6 +875,49 @@ def test_graph_runner_host_breaks_in_one_graph():
             continue
         np.testing.assert_array_equal(runner.run("bad", bad, x, i, []), 5 * x + 1, err_msg=f"bad step {i}")
     np.testing.assert_array_equal(runner.run("hb", step, np.ones((1, 8), np.float32), 0, []), 6.0)
+
+
+def test_graph_runner_host_break_waits_only_when_needed():
+    """A break whose `needs` holds no negative value does not hold the replayed step: a copy launched after it lands
+    while the host call still runs. With a negative value the step waits for the answer. The callable a host fn
+    returns runs after it, every step."""
+    from kernels_gpu.graph import GraphRunner
+
+    runner = GraphRunner()
+    mem = cupy.cuda.alloc_pinned_memory(32)
+    mark = np.frombuffer(mem, np.float32, 8)
+    rt = cupy.cuda.runtime
+    log: list = []
+    landed: list = []
+
+    def step(x, pos, slots):
+        st = cupy.cuda.get_current_stream()
+        needs = x[0, :2].astype(cupy.int32)
+
+        def fn():
+            log.append("fn")
+            want, limit = mark_want[0], (0.2 if mark_want[1] else 5.0)
+            t0 = time.perf_counter()
+            while mark[0] != want and time.perf_counter() - t0 < limit:
+                pass
+            landed.append(bool(mark[0] == want))
+            return lambda: log.append("after")
+
+        runner.host_break(fn, needs=needs)
+        rt.memcpyAsync(mark.ctypes.data, x.data.ptr + 8, 4, rt.memcpyDeviceToHost, st.ptr)  # x[0, 2], after it
+        return x * 2
+
+    mark_want = [0.0, False]
+    for i in range(6):
+        wait = i % 2 == 0  # run 0 too: it is eager (the copy is launched after the call), so the mark never lands
+        x = np.array([[-1.0 if wait else 0.0, 3.0, 10.0 + i, 0, 0, 0, 0, 0]], dtype=np.float32)
+        mark[0] = -5.0
+        mark_want[:] = [10.0 + i, wait]
+        np.testing.assert_array_equal(runner.run("needs", step, x, i, []), 2 * x)
+        assert mark[0] == 10.0 + i
+    assert log == ["fn", "after"] * 6
+    assert landed[1:] == [True, False, True, False, True], landed  # runs 1-5 replay one graph
+    assert runner.stats.replays == 5
 
 
 def test_graph_runner_replays_for_new_inputs_and_falls_back():

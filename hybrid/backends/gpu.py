@@ -141,18 +141,21 @@ class GpuBackend:
         """True when some decode step had to run eagerly (capture impossible, or graphs turned off)."""
         return self._graphs is not None and self._graphs.fallback
 
-    def host_call(self, fn, beside=None) -> None:
+    def host_call(self, fn, beside=None, needs=None) -> None:
         """Run fn() on the host once the work launched so far has finished: inside a decode step a host break of
         its CUDA graph (kernels_gpu.graph), else a synchronization of the current stream, then the call. beside()
         launches GPU work independent of fn, run beside it where the step allows (graph.host_break). fn must not
-        wait for the current stream."""
+        wait for the current stream; it may return a callable, run after the step has its answer. needs: a device
+        int32 array; inside a captured step the GPU waits for fn only when one of its values is negative."""
         if self._graphs is not None and self._graphs.active:
-            self._graphs.host_break(fn, beside)
+            self._graphs.host_break(fn, beside, needs)
             return
         self._cupy.cuda.get_current_stream().synchronize()
-        fn()
+        after = fn()
         if beside is not None:
             beside()
+        if after is not None:
+            after()
 
     def report_routing(self, lw, ids, wts) -> None:
         """Tell routing_observer (when set) the device routing ids, wts (cupy (n_tok, k)) of the MoE layer of

@@ -9,9 +9,12 @@ tokens (a decode token, a speculative check) of such a layer, routed on the devi
    hits' weighted sum stays on the GPU;
 2. h, the routing and the lookup cross to pinned memory; in the host break (kernels_gpu.graph) the CPU runs only the
    missed experts (ids (n_tok, m), padded with weight-0 experts for a few-token batch) with the CPU MoE kernel;
-3. its sum crosses back and the two partial sums are added.
+3. its sum crosses back and the two partial sums are added (kernels_gpu.moe_cache.add_misses).
+When every expert of the step hit, the GPU does not wait for the host at all (host_break's `needs`: the lookup) and
+step 3 adds nothing: the host's call then only keeps the book, beside the step.
 
-Admission (one token only; book.py decides, under the cap): inside the same host break, each evicted expert's table
+Admission (one token only; book.py decides, under the cap): after the host break's answer (the step goes on
+meanwhile), each evicted expert's table
 entry is set to -1 on the step's stream, then the copies of the new experts start on a copy stream of their own,
 after that (an event), straight from the page-locked pages of the model file; the table entry of a copy is written
 (on the step's stream, so it is ordered before every later lookup) at a later host break that finds the copy's event
@@ -78,6 +81,7 @@ class ExpertCache:
         self._consts[n_slots] = -1
         self._found: dict[tuple[int, int], tuple] = {}  # (row, n_tok) -> pinned int32 (n_tok, k) of the lookups
         self._bufs: dict[tuple[int, int], _Pinned] = {}  # (row, n_tok) -> pinned h, ids, weights in, the sum out
+        self.book_seconds = 0.0  # host time of the book and the uploads' launches (after each host call's answer)
         done = weakref.finalize(self, self._stream.synchronize)  # no copy left reading the locked pages
         done.atexit = False  # at exit the CUDA context may be gone first; nothing in flight matters then
 
@@ -110,30 +114,33 @@ class ExpertCache:
             cupy.cuda.runtime.memcpyAsync(dst.ctypes.data, src.data.ptr, dst.nbytes, d2h, stream.ptr)
         args = he._cpu_args(spec, cfg, lw)
 
-        def experts() -> None:
+        def experts():
             t0 = time.perf_counter()
-            self._validate(stream)
-            if n_tok == 1:
-                miss, ups = self.book.decode(row, buf.ids[0], fbuf[0])
-                self._upload(row, ups, stream)
-                miss = miss[None]
-            else:
-                miss = self.book.batch(fbuf)
+            miss = fbuf < 0  # what the GPU's lookup missed: the CPU's share, the step waits for it
             s = he.stats
             if miss.any():
                 buf.out[...] = args(buf.h, *missed(buf.ids, buf.w, miss))
                 s.cpu_batches += 1
                 s.cpu_tokens += n_tok
-            else:  # every expert hit: the CPU has nothing to add
-                buf.out[...] = 0.0
-            s.cpu_seconds += time.perf_counter() - t0  # the host break's time, the book's included
+            s.cpu_seconds += time.perf_counter() - t0
+            return book  # the bookkeeping, after the answer: the step reads none of it
 
+        def book() -> None:
+            t0 = time.perf_counter()
+            self._validate(stream)
+            if n_tok == 1:
+                self._upload(row, self.book.decode(row, buf.ids[0], fbuf[0])[1], stream)
+            else:
+                self.book.batch(fbuf)
+            self.book_seconds += time.perf_counter() - t0
+
+        # every expert a hit: the GPU goes on without the host (the host's call and book run beside the step)
         he.gpu.host_call(experts, beside=lambda: part.append(moe._decode(h, slots, wts_hit, gate, up, down,
-                                                                          spec.ffn_act)))
+                                                                          spec.ffn_act)), needs=found)
         out = cupy.empty((n_tok, n_embd), dtype=cupy.float32)
         cupy.cuda.runtime.memcpyAsync(out.data.ptr, buf.out.ctypes.data, buf.out.nbytes,
                                       cupy.cuda.runtime.memcpyHostToDevice, stream.ptr)
-        return part[0] + out
+        return moe_cache.add_misses(part[0], out, found)
 
     def _pinned_found(self, row: int, n_tok: int, k: int) -> np.ndarray:
         import cupy  # noqa: PLC0415
@@ -194,6 +201,9 @@ class ExpertCache:
 def missed(ids: np.ndarray, w: np.ndarray, miss: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The CPU's share of a step: ids / w (n_tok, k) and miss (n_tok, k) bool -> (ids, w) (n_tok, m) with m the most
     misses of a token, each token's misses first (in routing order), padded with its other experts at weight 0."""
+    if miss.shape[0] == 1:  # a decode token: its misses, nothing to pad
+        sel = miss[0]
+        return ids[:, sel], w[:, sel]
     m = int(miss.sum(axis=1).max())
     order = np.argsort(~miss, axis=1, kind="stable")[:, :m]
     sel = np.take_along_axis(miss, order, 1)
