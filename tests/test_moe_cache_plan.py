@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from gguf_io import ModelConfig, open_gguf
 from hybrid.cli.main import app
-from hybrid.engine.fit import probe_n_cpu_moe
+from hybrid.engine.fit import cache_alternative, probe_n_cpu_moe
 from hybrid.engine.params import EngineParams
 from hybrid.plan.budget import plan_for
 from hybrid.plan.explain import plan_rows
@@ -124,6 +124,31 @@ def test_probe_reports_the_auto_size_in_its_command():
     r = json.loads(res.stdout)
     assert r["recommended_ngl"] == cfg.n_layer + 1
     assert r["moe_cache"]["slots"] == cfg.n_expert and f"--moe-cache {cfg.n_expert}" in r["command"]
+
+
+def test_the_cache_alternative_puts_every_expert_in_ram_and_caches_in_what_frees():
+    cfg, tensors = _model()
+    all_ram = _plan(cfg, tensors, UNLIMITED)  # --n-cpu-moe 4: every layer's experts in RAM
+    five = cache_bytes(tensors, [0, 1, 2, 3], cfg.n_expert, 5)
+    budget = all_ram.gpu_total_bytes + AUTO_MARGIN_BYTES + five
+    alt = cache_alternative(cfg, tensors, EngineParams(n_ctx=256), budget, cfg.n_layer + 1)
+    assert alt is not None and alt.moe_cache.slots == 5 and alt.n_cpu_moe == cfg.n_layer
+    assert alt.gpu_total_bytes <= budget - AUTO_MARGIN_BYTES
+    # no room for top_k + 1 slots a layer: no alternative; nor over an explicit -ot or cache size
+    assert cache_alternative(cfg, tensors, EngineParams(n_ctx=256), all_ram.gpu_total_bytes + AUTO_MARGIN_BYTES,
+                             cfg.n_layer + 1) is None
+    assert cache_alternative(cfg, tensors, EngineParams(n_ctx=256, moe_cache="4"), budget, cfg.n_layer + 1) is None
+
+
+def test_probe_prints_the_cache_alternative_only_when_it_exists():
+    cfg, tensors = _model()
+    budget = _plan(cfg, tensors, UNLIMITED, n_cpu_moe=2).gpu_total_bytes + 1  # 2 layers' experts in RAM at least
+    res = CliRunner().invoke(app, ["probe", str(MOE), "-c", "256", "--dry-run", "--vram-budget", str(budget),
+                                   "--margin", "0", "--json"])
+    assert res.exit_code == 0, res.output
+    r = json.loads(res.stdout)
+    assert r["recommended_n_cpu_moe"] == 2
+    assert r["cache_alternative"] is None  # what --cpu-moe frees is far below auto's margin on this small model
 
 
 def test_explain_json_shows_the_cache():

@@ -25,7 +25,7 @@ from hybrid.model.files import resolve_model
 from hybrid.plan.budget import plan_for
 from hybrid.plan.moe_cache import MoeCacheRequest
 from hybrid.plan.probe import DEFAULT_MARGIN_BYTES, kv_type_table
-from hybrid.engine.fit import probe_n_cpu_moe, probe_ngl, try_fit
+from hybrid.engine.fit import cache_alternative, probe_n_cpu_moe, probe_ngl, try_fit
 from hybrid.plan.overrides import FFN_EXPS_REGEX, cpu_moe_overrides
 from hybrid.plan.checks import gpu_link_checks, mlock_check, numa_check, thread_sweep, threads_check
 from hybrid.system.sizes import format_size, parse_size
@@ -49,7 +49,9 @@ def probe(
     """Find the OOM ceiling: the most layers (-ngl) that fit, predicted from the plan and measured on the GPU by
     allocating and running each candidate; then recommend -ngl with headroom, a KV type, -t, --mlock, --numa.
 
-    An MoE model that does not fit whole: the smallest --n-cpu-moe with all else on the GPU, measured the same way."""
+    An MoE model that does not fit whole: the smallest --n-cpu-moe with all else on the GPU, measured the same way;
+    and, where the VRAM that every layer's experts in RAM frees holds an expert cache, that plan as a second
+    command (--cpu-moe --moe-cache N, predicted)."""
     ctk, ctv, ubatch = check_kv_types(params.type_k, params.type_v) + (params.n_ubatch,)  # before any planning
     try:
         margin_bytes = parse_size(margin) if margin else DEFAULT_MARGIN_BYTES
@@ -123,22 +125,27 @@ def probe(
     checks = [threads_check(machine, sweep), mlock_check(machine, p.cpu_total_bytes), numa_check(machine)]
     if gpus:
         checks += gpu_link_checks()
-    flags = [f"-ngl {rec_ngl}"] + ([f"--n-cpu-moe {moe.recommended}"] if use_moe else []) + [f"-c {n_ctx}"]
-    flags += [f"-ot '{o}'" for o in params.overrides if o.explicit]
-    flags += ["--cpu-moe"] if any(not o.explicit and o.pattern == FFN_EXPS_REGEX for o in params.overrides) else []
-    if ctk != "f16" or ctv != "f16":
-        flags += [f"-ctk {ctk}", f"-ctv {ctv}"]
-    flags += [f"-t {checks[0].value}"] + [c.value for c in checks[1:] if c.value]
-    if not params.op_offload:
-        flags.append("--no-op-offload")
-    if p.moe_cache.on:
-        flags.append(f"--moe-cache {p.moe_cache.slots}")
-    command = f"hybrid run {path} " + " ".join(flags)
+    tail = ([f"-ctk {ctk}", f"-ctv {ctv}"] if ctk != "f16" or ctv != "f16" else [])
+    tail += [f"-t {checks[0].value}"] + [c.value for c in checks[1:] if c.value]
+    tail += [] if params.op_offload else ["--no-op-offload"]
+
+    def command(moe_flags: list[str], plan) -> str:
+        cache = [f"--moe-cache {plan.moe_cache.slots}"] if plan.moe_cache.on else []
+        return f"hybrid run {path} " + " ".join([f"-ngl {rec_ngl}"] + moe_flags + [f"-c {n_ctx}"] + tail + cache)
+
+    moe_flags = [f"--n-cpu-moe {moe.recommended}"] if use_moe else []
+    moe_flags += [f"-ot '{o}'" for o in params.overrides if o.explicit]
+    moe_flags += ["--cpu-moe"] if any(not o.explicit and o.pattern == FFN_EXPS_REGEX for o in params.overrides) else []
+    alt = cache_alternative(config, tensors, params, budget, n_max) \
+        if use_moe and 0 < moe.recommended < moe.n_layer else None
     report.update(recommended_ngl=rec_ngl, recommended_n_cpu_moe=moe.recommended if use_moe else None,
                   margin_bytes=margin_bytes, recommendation=dataclasses.asdict(rec),
                   kv_types=[dataclasses.asdict(r) for r in kv_rows], checks=[dataclasses.asdict(c) for c in checks],
-                  thread_sweep=sweep, command=command,
+                  thread_sweep=sweep, command=command(moe_flags, p),
                   moe_cache={"slots": p.moe_cache.slots, "bytes": p.moe_cache.bytes, "note": p.moe_cache.note},
+                  cache_alternative=None if alt is None else {
+                      "command": command(["--cpu-moe"], alt), "slots": alt.moe_cache.slots,
+                      "bytes": alt.moe_cache.bytes, "note": alt.moe_cache.note, "plan_gpu_bytes": alt.gpu_total_bytes},
                   plan_gpu_bytes=p.gpu_total_bytes, plan_cpu_bytes=p.cpu_total_bytes)
     if json_out:
         print(json.dumps(report, indent=2))
@@ -191,3 +198,9 @@ def _render(r: dict, kv_rows, checks, dry_run: bool) -> None:
         ck.add_row(escape(c.name), status, escape(c.detail))
     con.print(ck)
     con.print(f"\n[bold]{escape(r['command'])}[/bold]", soft_wrap=True)
+    alt = r.get("cache_alternative")
+    if alt:
+        con.print(f"\nor every layer's routed experts in RAM and {alt['slots']} hot experts a layer cached on the GPU "
+                  f"({format_size(alt['bytes'])}): faster decode when the routing is skewed, slower prompts (each "
+                  f"prompt batch uploads the experts it uses)", soft_wrap=True)
+        con.print(f"[bold]{escape(alt['command'])}[/bold]", soft_wrap=True)

@@ -19,7 +19,7 @@ from hybrid.engine.params import EngineParams
 from hybrid.errors import PlacementError
 from hybrid.model import forward
 from hybrid.plan.budget import plan_for
-from hybrid.plan.moe_cache import fixed_part
+from hybrid.plan.moe_cache import MoeCacheRequest, fixed_part
 from hybrid.plan.overrides import cpu_moe_overrides
 from hybrid.plan.placement import PlacementPlan
 from hybrid.plan.probe import (DEFAULT_MARGIN_BYTES, CeilingSearch, Prediction, Recommendation, bisect_ceiling,
@@ -245,3 +245,17 @@ def choose_n_cpu_moe(path, params: EngineParams, budget_bytes: int,
     n_max = config.n_layer + 1
     return probe_n_cpu_moe(config, tensors, params, budget_bytes, margin_bytes,
                            lambda p: try_fit(path, p, n_max, budget_bytes))
+
+
+def cache_alternative(config: ModelConfig, tensors: Mapping, params: EngineParams, budget: int,
+                      n_max: int) -> PlacementPlan | None:
+    """The plan with every layer on the GPU, every layer's routed experts in RAM (--cpu-moe) and the expert cache
+    (--moe-cache auto) in the VRAM that frees, when the cache is on there (else None): the other way to spend a
+    budget that holds only some layers' experts. Decode reads the hot experts from the cache; a prompt batch
+    uploads every expert it uses (docs/MOE_CACHE.md). Predicted only (auto keeps its own margin); `hybrid probe`
+    prints it as a second command."""
+    if params.moe_cache.kind not in ("off", "auto") or any(o.explicit for o in params.overrides):
+        return None
+    alt = plan_for(config, tensors, budget, n_max, replace(params, overrides=cpu_moe_overrides(cpu_moe=True),
+                                                           moe_cache=MoeCacheRequest("auto")).plan_inputs())
+    return alt if alt.moe_cache.on else None
