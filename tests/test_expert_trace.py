@@ -250,3 +250,16 @@ def test_gpu_placements_trace_the_cpus_routing(moe_path, ngl, n_cpu_moe, n_batch
     by_id = [np.take_along_axis(t.weights, np.argsort(t.ids, axis=2), axis=2)[same] for t in (trace, ref)]
     d = np.abs(by_id[0] - by_id[1])
     assert np.median(d) < 1e-2 and np.quantile(d, 0.95) < 5e-2, (np.median(d), np.quantile(d, 0.95), d.max())
+
+
+def test_cache_hit_rates_split_at_the_chunk_that_ends_half_the_tokens():
+    from hybrid.backends.moe_cache.book import CacheBook
+    from hybrid.cli.trace_experts import cache_hit_rates
+
+    book = CacheBook((0,), 8, 2, 3, "lru", 2, (100,))
+    st = book.stats
+    st.hits[0], st.lookups[0] = 40, 60  # the counts at the end; after the first of two chunks: 10 of 20
+    r = cache_hit_rates(book, [(50, 10, 20), (100, 40, 60)])
+    assert r["second_half_hit_rate"] == 30 / 40 and r["hit_rate"] == 40 / 60 and r["slots"] == 3
+    assert "decode hit rate" in r["summary"]
+    assert cache_hit_rates(book, [(30, 1, 2), (100, 40, 60)])["second_half_hit_rate"] is None  # no chunk ends at 50

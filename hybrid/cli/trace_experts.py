@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from hybrid.backends.moe_cache.runtime import expert_cache
 from hybrid.backends.moe_cache.stats import RoutingSummary, routing_summary
 from hybrid.backends.moe_cache.trace import record_trace
 from hybrid.engine.params import EngineParams
@@ -46,17 +47,45 @@ def trace_experts(
         chunk_list = chunk_tokens(tokens, ctx, tok.bos_id if tok.add_bos else None, chunks)
         note(f"trace-experts: {len(tokens)} tokens, {len(chunk_list)} chunks of {ctx}")
         name = str(engine.gguf.metadata.get("general.name", "")) or Path(engine.gguf.path).stem
-        trace = record_trace(engine, chunk_list, name, engine.params.n_batch,
-                             lambda done, total: typer.echo(f"[{done}/{total}]", nl=done == total, err=True))
+        cache = expert_cache(engine)
+        marks = []  # (tokens evaluated, the cache's decode hits, lookups) after each chunk
+
+        def progress(done: int, total: int) -> None:
+            typer.echo(f"[{done}/{total}]", nl=done == total, err=True)
+            if cache is not None:
+                st = cache.book.stats
+                marks.append((sum(len(c) for c in chunk_list[:done]), int(st.hits.sum()), int(st.lookups.sum())))
+
+        trace = record_trace(engine, chunk_list, name, engine.params.n_batch, progress)
+        measured = None if cache is None else cache_hit_rates(cache.book, marks)
     finally:
         engine.close()
     trace.save(output)
     summary = routing_summary(trace)
     if json_out:
-        print(json.dumps({"output": str(output), **summary.to_json()}))
+        print(json.dumps({"output": str(output), **summary.to_json(),
+                          **({} if measured is None else {"moe_cache": measured})}))
         return
     note(f"wrote {output}: {trace.n_tok} tokens x {len(trace.layers)} MoE layers x {trace.top_k} experts")
+    if measured is not None:
+        note(measured["summary"])
+        if measured["second_half_hit_rate"] is not None:
+            note(f"moe cache: decode hit rate {measured['second_half_hit_rate']:.1%} over the second half of the "
+                 f"tokens (what scripts/sim_expert_cache.py scores)")
     _render(summary)
+
+
+def cache_hit_rates(book, marks: list[tuple[int, int, int]]) -> dict:
+    """The expert cache's counts during a trace: its summary line, the decode hit rate overall and over the tokens
+    after the chunk boundary at half the tokens (None when no chunk ends there), as the simulator splits a trace."""
+    st = book.stats
+    half = marks[-1][0] // 2 if marks else 0
+    at = next(((h, n) for t, h, n in marks if t == half), None)
+    second = None
+    if at is not None and int(st.lookups.sum()) > at[1]:
+        second = (int(st.hits.sum()) - at[0]) / (int(st.lookups.sum()) - at[1])
+    return {"summary": book.summary(), "slots": book.n_slots, "hit_rate": st.hit_rate,
+            "second_half_hit_rate": second}
 
 
 def _render(s: RoutingSummary) -> None:
