@@ -10,6 +10,10 @@ consecutive used experts (one DMA a run and tensor). `prefill_uploaded` copies e
 CopyRing's stream, ahead of the kernels (the ring's slots hold two chunks: the next chunk's copies run while this
 one computes), launches gate+up with the GLU and down for the chunk's tiles, and adds the rows back with
 `moe.combine`. The products are those of `moe.prefill_mma` on the same experts resident on the device, row for row.
+
+With an expert cache (hybrid/backends/moe_cache), the used experts that sit in its slots need no copy: `resident`
+(the layer's device table row, expert -> slot or -1) makes them one first chunk whose tiles name their slot and whose
+kernels read the cache's pools (laid out as expert tensors at the same stride) in place of an upload slot.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class UploadChunk:
     runs: tuple[tuple[int, int, int], ...]  # (first expert, end expert, first place): consecutive experts, one copy
     tile0: int  # the chunk's first tile in UploadPlan.tiles
     n_tiles: int
+    resident: bool = False  # the experts already on the device (an expert cache's slots): places are slots, no runs
 
 
 @dataclass(frozen=True)
@@ -37,9 +42,11 @@ class UploadPlan:
     dest: np.ndarray  # int32 (pairs,): each (token, slot) pair's row
 
 
-def plan_upload(ids: np.ndarray, n_expert: int, capacity: int, bm: int = MM_BM) -> UploadPlan:
+def plan_upload(ids: np.ndarray, n_expert: int, capacity: int, bm: int = MM_BM,
+                resident: np.ndarray | None = None) -> UploadPlan:
     """The copies and tiles of a routed batch (ids int (n_tok, k) on the host) whose used experts are uploaded in
-    chunks of at most `capacity` experts (see the module docstring)."""
+    chunks of at most `capacity` experts (see the module docstring). resident: int (n_expert,) each expert's slot on
+    the device or -1; the used experts with a slot form a first chunk (resident=True) whose tiles name the slot."""
     if capacity < 1:
         raise ValueError(f"plan_upload: a slot must hold at least one expert, capacity {capacity}")
     flat = np.asarray(ids).reshape(-1).astype(np.int64)
@@ -54,6 +61,15 @@ def plan_upload(ids: np.ndarray, n_expert: int, capacity: int, bm: int = MM_BM) 
     dest[order] = np.arange(flat.size, dtype=np.int32)
     used = np.flatnonzero(counts)
     chunks, tiles = [], []
+    if resident is not None:
+        slot = np.asarray(resident).reshape(-1)[used]
+        here = used[slot >= 0]
+        if here.size:
+            for e, place in zip(here.tolist(), slot[slot >= 0].tolist()):
+                n, row = int(counts[e]), int(first_row[e])
+                tiles.extend((place, row + t, min(bm, n - t), 0) for t in range(0, n, bm))
+            chunks.append(UploadChunk(here, (), 0, len(tiles), resident=True))
+        used = used[slot < 0]
     for c0 in range(0, used.size, capacity):
         experts = used[c0:c0 + capacity]
         tile0 = len(tiles)
@@ -98,17 +114,21 @@ def why_not(experts: tuple, slot_bytes: int) -> str:
 
 
 def prefill_uploaded(h, ids, wts, experts: tuple, act: str, ring, biases: tuple = (None, None, None),
-                     residual=None):
+                     residual=None, cached=None):
     """The experts of a routed batch (h float32 (n_tok, n_embd), ids int32 and wts float32 (n_tok, k), on the
     device) whose tensors are in page-locked host memory (experts: (raw numpy, GGML type) for gate, up and down,
     why_not(experts, ring.slot_bytes) == ""), through `ring` (a kernels_gpu.transfer.CopyRing of at least 6 slots:
     each chunk takes three). biases: each projection's (n_expert, n_out) float32 rows on the device, or None.
-    Returns (out (n_tok, n_embd) float32 on the device, bytes copied)."""
+    cached: (table row int32 (n_expert,) slot or -1, (gate, up, down) pools uint8 (n_slots + 1, n_out, row_bytes))
+    on the device: an expert cache's, whose slots stand in for those experts' uploads (nothing may write them
+    while this batch runs). Returns (out (n_tok, n_embd) float32 on the device, bytes copied)."""
     import cupy  # noqa: PLC0415
 
     from .moe import GLU_ACTS, MM_BN, MM_THREADS, _mma_kernel, combine  # noqa: PLC0415
 
     (g, tg), (u, _), (d, td) = experts
+    if cached is not None and any(b is not None for b in biases):
+        raise ValueError("moe upload: an expert cache holds experts without biases")
     n_tok = h.shape[0]
     n_ff, n_embd = int(g.shape[1]), _n_in(g, tg)
     if (int(d.shape[1]), _n_in(d, td)) != (n_embd, n_ff):
@@ -116,9 +136,17 @@ def prefill_uploaded(h, ids, wts, experts: tuple, act: str, ring, biases: tuple 
     h = cupy.ascontiguousarray(h, dtype=cupy.float32)
     per = [expert_bytes(r) for r, _ in experts]
     capacity = ring.slot_bytes // max(per)
-    plan = plan_upload(cupy.asnumpy(ids), int(g.shape[0]), capacity)  # the one host synchronization
+    n_expert = int(g.shape[0])
+    if cached is None:
+        plan = plan_upload(cupy.asnumpy(ids), n_expert, capacity)  # the one host synchronization
+    else:  # the ids and the table row in one copy back
+        both = cupy.asnumpy(cupy.concatenate([cupy.ascontiguousarray(ids, dtype=cupy.int32).reshape(-1),
+                                              cached[0].astype(cupy.int32, copy=False)]))
+        plan = plan_upload(both[:ids.size].reshape(ids.shape), n_expert, capacity, resident=both[ids.size:])
     sources = []
     for c, chunk in enumerate(plan.chunks):
+        if chunk.resident:
+            continue
         for name, (raw, _), pe in zip("gud", experts, per):
             base = int(raw.ctypes.data)
             sources.append(((name, c), [(base + e0 * pe, (e1 - e0) * pe) for e0, e1, _ in chunk.runs]))
@@ -126,7 +154,6 @@ def prefill_uploaded(h, ids, wts, experts: tuple, act: str, ring, biases: tuple 
     down_fn, down_smem = _mma_kernel(td, False)
     i32, i64, null = np.int32, np.int64, np.uint64(0)
     n_rows = plan.src.shape[0]
-    copied = 0
     ring.start(sources)
     try:  # from here on a failure drops the ring's batch, so the next one can start
         counts = np.array([ch.n_tiles for ch in plan.chunks], dtype=np.int32)
@@ -140,17 +167,22 @@ def prefill_uploaded(h, ids, wts, experts: tuple, act: str, ring, biases: tuple 
             cnt = n_tiles[c:c + 1]
             bg, bu, bd = (null if b is None else cupy.ascontiguousarray(b[cupy.asarray(chunk.experts)])
                           for b in biases)
-            (sg, vg), (su, vu) = ring.take(("g", c)), ring.take(("u", c))
+            if chunk.resident:  # the cache's pools, indexed by slot
+                (sg, vg), (su, vu), (sd, vd) = ((None, pool) for pool in cached[1])
+            else:
+                (sg, vg), (su, vu) = ring.take(("g", c)), ring.take(("u", c))
             glu_fn((-(-n_ff // MM_BN), chunk.n_tiles), (MM_THREADS,), (vg, vu, i64(per[0]), t, cnt, h, src,
                                                                       i32(n_embd), i32(n_ff), bg, bu,
                                                                       i32(GLU_ACTS[act]), a16), shared_mem=glu_smem)
-            ring.release(sg)
-            ring.release(su)
-            sd, vd = ring.take(("d", c))
+            if not chunk.resident:
+                ring.release(sg)
+                ring.release(su)
+                sd, vd = ring.take(("d", c))
             down_fn((-(-n_embd // MM_BN), chunk.n_tiles), (MM_THREADS,), (vd, i64(per[2]), t, cnt, a16, i32(n_ff),
                                                                           i32(n_embd), bd, y), shared_mem=down_smem)
-            ring.release(sd)
-            copied += sum(n for _, pieces in sources[3 * c:3 * c + 3] for _, n in pieces)
+            if not chunk.resident:
+                ring.release(sd)
+        copied = sum(n for _, pieces in sources for _, n in pieces)
     except BaseException:
         ring.reset()
         raise

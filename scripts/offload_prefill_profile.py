@@ -3,13 +3,14 @@
 to the GPU for the batch) or GPU layers with experts in RAM (`--n-cpu-moe N`).
 
     python3 scripts/offload_prefill_profile.py MODEL.gguf [-ngl 0 | --n-cpu-moe 24] [-n 512] [--reps 3]
-        [--paths mma,dequant] [--top 20] [--json OUT.json]
+        [--paths mma,dequant] [--top 20] [--moe-cache auto --warm-decode 64] [--vram-budget 12GiB] [--json OUT.json]
 
 For each upload path (mma: the used experts copied into compact slots and run on the tensor cores,
 kernels_gpu.moe_upload; dequant: each run of experts dequantized to fp16 for cuBLAS, kernels_gpu.moe.prefill), in
 one process on one model: the batch's t/s over --reps evaluations (after one warm-up), the expert bytes uploaded a
 batch, and the host functions that took the most time in one profiled evaluation (where the host waits for the GPU
-shows as the call that synchronizes: cupy.asnumpy of the routing, or the last copy of the logits).
+shows as the call that synchronizes: cupy.asnumpy of the routing, or the last copy of the logits). With --moe-cache
+(filled by --warm-decode tokens first), the mma path reads the cached experts from their slots.
 """
 
 from __future__ import annotations
@@ -39,22 +40,33 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--paths", default="mma,dequant")
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--moe-cache", default="0", help="--moe-cache (its slots stand in for uploads)")
+    ap.add_argument("--vram-budget", default=None)
+    ap.add_argument("--warm-decode", type=int, default=0, help="decode this many tokens first (fills the cache)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
     from hybrid.engine import Engine, EngineParams
     from hybrid.plan.overrides import build_overrides
+    from hybrid.system.sizes import parse_size
     from kernels_gpu import moe_upload
 
     ngl = args.n_gpu_layers if args.n_gpu_layers in ("all", "auto") else int(args.n_gpu_layers)
     params = EngineParams(n_ctx=max(1024, 2 * args.n), n_batch=args.n, n_ubatch=args.n, n_gpu_layers=ngl,
-                          n_threads=args.threads, overrides=build_overrides(n_cpu_moe=args.n_cpu_moe), op_offload=True)
+                          n_threads=args.threads, overrides=build_overrides(n_cpu_moe=args.n_cpu_moe), op_offload=True,
+                          moe_cache=args.moe_cache,
+                          vram_budget=parse_size(args.vram_budget) if args.vram_budget else None)
     eng = Engine.load(args.model, params)
     gpus = [b for b in [*eng.backends, eng.output_backend] if hasattr(b, "host_experts")]
     gpu = gpus[0] if gpus else eng.op_offload.gpu  # -ngl 0: op offload's own GpuBackend
     he = gpu.host_experts
     rng = np.random.default_rng(7)
     tokens = rng.integers(0, eng.config.n_vocab, args.n)
+    if args.warm_decode:  # decode steps admit experts into the cache (prompt batches never do)
+        cache = eng.new_cache()
+        tok = int(tokens[0])
+        for _ in range(args.warm_decode):
+            tok = int(np.argmax(eng.eval([tok], cache)[-1]))
     why_not = moe_upload.why_not
     summary: dict = {"model": str(args.model), "ngl": args.n_gpu_layers, "n_cpu_moe": args.n_cpu_moe, "n": args.n}
     for path in args.paths.split(","):

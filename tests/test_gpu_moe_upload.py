@@ -52,6 +52,47 @@ def test_uploaded_experts_give_the_resident_rows(gate_t, down_t, n_embd, n_ff, a
     assert np.array_equal(again.get(), got.get())
 
 
+@pytest.mark.parametrize("gate_t,down_t,n_embd,n_ff", [("Q4_K", "Q6_K", 512, 256), ("Q4_0", "Q8_0", 320, 96)])
+def test_experts_in_a_cache_are_read_from_their_slots(gate_t, down_t, n_embd, n_ff):
+    """An expert cache's slots stand in for those experts' uploads: the same rows, and only the others copied."""
+    rng = np.random.default_rng(n_ff)
+    n_expert, k, n_tok, n_slots = 16, 3, 120, 4
+    gate, up = (_experts(gate_t, n_expert, n_ff, n_embd, rng, 0.05) for _ in range(2))
+    down = _experts(down_t, n_expert, n_embd, n_ff, rng, 0.05)
+    scores = rng.random((n_tok, n_expert))
+    scores[:, 0] += 1.0
+    scores[:, 9:12] -= 1.0
+    ids = cupy.asarray(np.argsort(-scores, axis=1)[:, :k].astype(np.int32))
+    w = cupy.asarray(rng.random((n_tok, k)).astype(np.float32))
+    h = cupy.asarray(rng.standard_normal((n_tok, n_embd)).astype(np.float32))
+    experts = ((gate, gate_t), (up, gate_t), (down, down_t))
+    table = np.full(n_expert, -1, dtype=np.int32)
+    table[[0, 5, 10]] = [2, 0, 1]  # 10 is used by no token; slot 3 is free, slot 4 the zero slot
+    pools = []
+    for raw in (gate, up, down):
+        pool = np.zeros((n_slots + 1,) + raw.shape[1:], dtype=raw.dtype)
+        for e in np.flatnonzero(table >= 0):
+            pool[table[e]] = raw[e]
+        pools.append(cupy.asarray(pool))
+    per = max(moe_upload.expert_bytes(a) for a, _ in experts)
+    ring = CopyRing(2 * per, 6)
+    got, copied = moe_upload.prefill_uploaded(h, ids, w, experts, "silu", ring,
+                                              cached=(cupy.asarray(table), tuple(pools)))
+    dev = [cupy.asarray(a) for a in (gate, up, down)]
+    ref = moe.prefill_mma(h, ids, w, (dev[0], gate_t), (dev[1], gate_t), (dev[2], down_t), "silu")
+    assert np.array_equal(got.get(), ref.get())
+    used = np.unique(ids.get())
+    uploaded = [e for e in used.tolist() if table[e] < 0]
+    assert 0 in used and len(uploaded) == used.size - 1 - int(5 in used)
+    assert copied == len(uploaded) * sum(moe_upload.expert_bytes(a) for a, _ in experts)
+    # every used expert cached: nothing copied
+    ids2 = cupy.asarray(np.array([[0, 5, 10], [10, 0, 5], [5, 10, 0]] * 30, dtype=np.int32))
+    got, copied = moe_upload.prefill_uploaded(h[:90], ids2, w[:90], experts, "silu", ring,
+                                              cached=(cupy.asarray(table), tuple(pools)))
+    ref = moe.prefill_mma(h[:90], ids2, w[:90], (dev[0], gate_t), (dev[1], gate_t), (dev[2], down_t), "silu")
+    assert copied == 0 and np.array_equal(got.get(), ref.get())
+
+
 def test_why_not():
     rng = np.random.default_rng(3)
     q4 = _experts("Q4_K", 4, 64, 256, rng, 0.05)

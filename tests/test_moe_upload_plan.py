@@ -60,3 +60,34 @@ def test_a_slot_must_hold_an_expert():
 def test_ids_outside_the_experts_are_refused():
     with pytest.raises(ValueError, match="outside"):
         plan_upload(np.array([[0, 9]], dtype=np.int32), 8, 4)
+
+
+def test_experts_in_an_expert_cache_form_one_chunk_named_by_their_slots():
+    rng = np.random.default_rng(3)
+    n_expert, k = 32, 4
+    ids = _routes(200, n_expert, k, 1.0, rng)
+    resident = np.full(n_expert, -1, dtype=np.int32)
+    resident[[3, 5, 6, 20]] = [7, 0, 2, 1]  # expert 3 takes every token; 20 may take none
+    plan = plan_upload(ids, n_expert, 5, resident=resident)
+    used = np.unique(ids)
+    here = used[resident[used] >= 0]
+    first = plan.chunks[0]
+    assert first.resident and first.runs == () and first.experts.tolist() == here.tolist()
+    n_pairs = ids.size
+    pair_of_row = np.empty(n_pairs, dtype=np.int64)
+    pair_of_row[plan.dest] = np.arange(n_pairs)
+    expert_of_row = ids.reshape(-1)[pair_of_row]
+    covered = np.zeros(n_pairs, dtype=np.int64)
+    for c in plan.chunks:
+        for place, row0, rows, _ in plan.tiles[c.tile0:c.tile0 + c.n_tiles].tolist():
+            want = np.flatnonzero(resident == place) if c.resident else [c.experts[place]]
+            assert len(want) == 1 and np.all(expert_of_row[row0:row0 + rows] == want[0])
+            covered[row0:row0 + rows] += 1
+    assert np.all(covered == 1)
+    rest = np.concatenate([c.experts for c in plan.chunks[1:]])
+    assert rest.tolist() == [e for e in used.tolist() if resident[e] < 0]  # uploaded: the others only
+    assert all(not c.resident and c.experts.size <= 5 for c in plan.chunks[1:])
+    none = plan_upload(ids, n_expert, 5, resident=np.full(n_expert, -1))
+    assert not any(c.resident for c in none.chunks)
+    plain = plan_upload(ids, n_expert, 5)
+    assert [c.experts.tolist() for c in none.chunks] == [c.experts.tolist() for c in plain.chunks]

@@ -238,7 +238,9 @@ class HostExperts:
         half = need // 2 // POOL_UNIT * POOL_UNIT  # six of these take no more than the plan's three runs
         if all(w.type_name == file_type(w.type_name) for w in ws) and not moe_upload.why_not(experts, half):
             ring = self._ring_of(half, 2 * STAGING_SLOTS)
-            out, copied = moe_upload.prefill_uploaded(h, ids, wts, experts, spec.ffn_act, ring, biases)
+            cached = None if self.cache is None else self.cache.resident(ws[0])  # its slots need no upload
+            out, copied = moe_upload.prefill_uploaded(h, ids, wts, experts, spec.ffn_act, ring, biases,
+                                                      cached=cached)
             self.stats.uploaded_bytes += copied
             return out
         ring = self._ring_of(need, STAGING_SLOTS)

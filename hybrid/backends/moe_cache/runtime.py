@@ -90,6 +90,14 @@ class ExpertCache:
         row = self._rows.get(id(lw["ffn_gate_exps"]))
         return row if row is not None and n_tok <= MAX_TOKENS else None
 
+    def resident(self, gate: Weight):
+        """(the device table's row, the pools (gate, up, down)) of the layer whose host gate tensor is `gate`, or
+        None: a prompt batch's uploads read the cached experts from their slots (kernels_gpu.moe_upload). The row
+        lists only copies already validated, and a slot being refilled was taken out of it on the decode step's
+        stream, which every step ends by synchronizing; prompt batches admit nothing."""
+        row = self._rows.get(id(gate))
+        return None if row is None else (self.table[row], tuple(pool for pool, _ in self.pools[row]))
+
     def run(self, he, spec, cfg, lw: dict[str, Weight], h, ids, wts, row: int):
         """The experts of h (n_tok, n_embd) routed to ids / wts (cupy (n_tok, k)): the hits on the GPU, the misses
         on the CPU in he's host break (see the module docstring) -> (n_tok, n_embd) f32 on the GPU."""
