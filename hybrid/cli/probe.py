@@ -201,6 +201,6 @@ def _render(r: dict, kv_rows, checks, dry_run: bool) -> None:
     alt = r.get("cache_alternative")
     if alt:
         con.print(f"\nor every layer's routed experts in RAM and {alt['slots']} hot experts a layer cached on the GPU "
-                  f"({format_size(alt['bytes'])}): faster decode when the routing is skewed, slower prompts (each "
-                  f"prompt batch uploads the experts it uses)", soft_wrap=True)
+                  f"({format_size(alt['bytes'])}): faster decode when the routing is skewed; prompt batches "
+                  f"upload the experts they use that are not cached", soft_wrap=True)
         con.print(f"[bold]{escape(alt['command'])}[/bold]", soft_wrap=True)

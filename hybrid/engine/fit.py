@@ -251,9 +251,9 @@ def cache_alternative(config: ModelConfig, tensors: Mapping, params: EngineParam
                       n_max: int) -> PlacementPlan | None:
     """The plan with every layer on the GPU, every layer's routed experts in RAM (--cpu-moe) and the expert cache
     (--moe-cache auto) in the VRAM that frees, when the cache is on there (else None): the other way to spend a
-    budget that holds only some layers' experts. Decode reads the hot experts from the cache; a prompt batch
-    uploads every expert it uses (docs/MOE_CACHE.md). Predicted only (auto keeps its own margin); `hybrid probe`
-    prints it as a second command."""
+    budget that holds only some layers' experts. Decode and prompt batches read the hot experts from the cache; a
+    prompt batch uploads the other experts it uses (docs/MOE_CACHE.md). Predicted only (auto keeps its own
+    margin); `hybrid probe` prints it as a second command."""
     if params.moe_cache.kind not in ("off", "auto") or any(o.explicit for o in params.overrides):
         return None
     alt = plan_for(config, tensors, budget, n_max, replace(params, overrides=cpu_moe_overrides(cpu_moe=True),
