@@ -49,9 +49,9 @@ def probe(
     """Find the OOM ceiling: the most layers (-ngl) that fit, predicted from the plan and measured on the GPU by
     allocating and running each candidate; then recommend -ngl with headroom, a KV type, -t, --mlock, --numa.
 
-    An MoE model that does not fit whole: the smallest --n-cpu-moe with all else on the GPU, measured the same way;
-    and, where the VRAM that every layer's experts in RAM frees holds an expert cache, that plan as a second
-    command (--cpu-moe --moe-cache N, predicted)."""
+    An MoE model that does not fit whole: the smallest --n-cpu-moe with all else on the GPU, measured the same way.
+
+    If some layers' experts stay on the GPU, also --cpu-moe with an expert cache in the VRAM it frees (predicted)."""
     ctk, ctv, ubatch = check_kv_types(params.type_k, params.type_v) + (params.n_ubatch,)  # before any planning
     try:
         margin_bytes = parse_size(margin) if margin else DEFAULT_MARGIN_BYTES
