@@ -311,19 +311,20 @@ def moe_ffn_half(n_threads, x, a, eps, ffn_norm, router, n_used, normalize, gate
 
 
 @njit(cache=True)
-def moe_layer(n_threads, x, cos_t, sin_t, n_rot, positions, positions64, n_kv, hpi, kv_k, kv_v, code_k, code_v, eps,
-              attn_norm, qkv, out_proj, empty_w, empty_y, biases, has_bias, q_norm, k_norm, has_qk_norm, n_head,
-              n_head_kv, hd_k, hd_v, neox, q_scale, has_q_scale, kq_scale, n_swa, lut, ffn_norm, router, n_used,
-              normalize, gate, up, down, empty, glu_op, table):
+def moe_layer(n_threads, x, cos_t, sin_t, n_rot, positions, positions64, n_kv, hpi, kv_k, kv_v, code_k, code_v,
+              kv_table, kv_bs, eps, attn_norm, qkv, out_proj, empty_w, empty_y, biases, has_bias, q_norm, k_norm,
+              has_qk_norm, n_head, n_head_kv, hd_k, hd_v, neox, q_scale, has_q_scale, kq_scale, n_swa, lut, ffn_norm,
+              router, n_used, normalize, gate, up, down, empty, glu_op, table):
     """A whole MoE layer of few tokens in one call: fused_layer.attention_half (without a post-attention norm) then
     moe_ffn_half (its arguments from ffn_norm on) -> (n_tok, n_embd) f32. The arguments that change with the
     batch come first (the caller keeps the rest, a layer's, as one tuple). One call instead of two: each costs
-    tens of microseconds to make after the weights' streams have swept the caches."""
+    tens of microseconds to make after the weights' streams have swept the caches. kv_table, kv_bs: the cache's
+    block table and block size (kv_cache.kernel_table: a paged sequence's, or [0] and the rows of a contiguous
+    cache); positions64 are the rows the batch's K/V go to."""
     a = fused_layer.attention_half(n_threads, x, eps, attn_norm, qkv, out_proj, empty_w, empty_y, biases, has_bias,
                                    q_norm, k_norm, has_qk_norm, n_head, n_head_kv, hd_k, hd_v, cos_t, sin_t, n_rot,
                                    neox, q_scale, has_q_scale, kv_k, kv_v, code_k, code_v, positions, positions64,
-                                   n_kv, kq_scale, n_swa, hpi, lut, np.zeros(1, dtype=np.int32),
-                                   max(1, kv_k[2].shape[0]), q_norm, np.bool_(False))  # a contiguous cache
+                                   n_kv, kq_scale, n_swa, hpi, lut, kv_table, kv_bs, q_norm, np.bool_(False))
     return moe_ffn_half(n_threads, x, a, eps, ffn_norm, router, n_used, normalize, gate, up, down, empty, glu_op,
                         table)
 

@@ -16,6 +16,7 @@ import pytest
 
 from hybrid.backends.cpu_moe import moe_fusable
 from hybrid.engine import Engine, EngineParams
+from hybrid.kv.paged import PagedKV
 from hybrid.model.arch.blocks import moe_ffn, route
 from hybrid.model.weights import Weight
 from hybrid.tools.synth.model import make_model
@@ -138,23 +139,24 @@ def test_fused_moe_equals_op_by_op(fixture_model, n_tok):
         assert big_groups, "no expert group went through the GEMM"  # the hot experts of the skewed model
 
 
-def _assert_fused_evals_equal(eng: Engine, steps: list[list[int]]) -> None:
+def _assert_fused_evals_equal(eng: Engine, steps: list[list[int]], new_cache=None) -> None:
     """The same evals (on one cache each way) with the fused forms and op by op give equal logits, bit for bit."""
     out = {}
     for fused in (True, False):
         eng.cpu.fused = fused
-        cache = eng.new_cache()
+        cache = eng.new_cache() if new_cache is None else new_cache()
         out[fused] = [np.asarray(eng.eval(tokens, cache)) for tokens in steps]
     for step, (a, b) in enumerate(zip(out[True], out[False])):
         assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"
 
 
-@pytest.mark.parametrize("whole", [True, False])
-@pytest.mark.parametrize("repack", [True, False])
-def test_engine_fused_equals_op_by_op(fixtures_dir, repack, whole):
+@pytest.mark.parametrize("whole,repack,paged", [(True, True, False), (True, False, False), (False, True, False),
+                                                (False, False, False), (True, True, True), (False, True, True)])
+def test_engine_fused_equals_op_by_op(fixtures_dir, repack, whole, paged):
     """A prompt of 128 (GEMM groups) and of 12 tokens, then decode steps, through the whole model; decode-sized
     batches take the whole-layer call (CpuBackend.fused_layer, kernels_cpu.moe.moe_layer), or without it the two
-    halves (attention_half, moe_ffn_half)."""
+    halves (attention_half, moe_ffn_half); on a contiguous cache and on a paged sequence (blocks of 16 positions,
+    taken as the sequence grows: the call reads them through its table)."""
     eng = Engine.load(fixtures_dir / "arch" / "qwen3moe-skew-q4_k.gguf", EngineParams(n_ctx=160, repack=repack))
     types = {eng.weights.layers[0][n].type_name for n in ("ffn_gate_exps", "ffn_down_exps")}
     assert types == ({"Q4_K_X8"} if repack else {"Q4_K"})
@@ -163,7 +165,10 @@ def test_engine_fused_equals_op_by_op(fixtures_dir, repack, whole):
     real, real_layer = eng.cpu._moe.ffn_half, eng.cpu.fused_layer
     eng.cpu._moe.ffn_half = lambda *args: halves.append(real(*args)) or halves[-1]
     eng.cpu.fused_layer = lambda *args: layers.append(real_layer(*args) if whole else None) or layers[-1]
-    _assert_fused_evals_equal(eng, steps)
+    pool = PagedKV(eng.config, eng.backends, 24, block_size=16) if paged else None
+    if paged:
+        pool.sequence(64).reserve(64)  # another sequence's blocks first: the table is not the identity
+    _assert_fused_evals_equal(eng, steps, (lambda: pool.sequence(160)) if paged else None)
     n_fused = (len(steps) - 1) * eng.config.n_layer  # every step but the prompt of 128
     assert len(layers) == 2 * len(steps) * eng.config.n_layer  # both ways: fused, then op by op
     assert sum(x is not None for x in layers) == (n_fused if whole else 0)

@@ -1,6 +1,7 @@
 """CpuBackend's whole MoE decode layers (kernels_cpu.moe.moe_layer_at): each layer's own arguments, the views of its
-KV cache included, kept in one typed List, and a decode step's shared ones (threads, RoPE tables, positions) made
-once a step, so that a layer's Python is a few lookups and one call of 11 arguments. After the weights' streams
+KV cache and its block table included (contiguous or a paged sequence), kept in one typed List, and a decode step's
+shared ones (threads, RoPE tables, positions) made once a step, so that a layer's Python is a few lookups and one
+call of 11 arguments. After the weights' streams
 have swept the caches every Python operation and every unboxed argument costs a miss or several: the 44-argument
 call with the step's arguments gathered per layer took ~50 us a layer (2-core Zen 4)."""
 
@@ -56,8 +57,8 @@ class WholeLayers:
         if not 0 < x.shape[0] < SMALL_BATCH_TOKENS:
             return None
         if kv is not self._kv:
-            # a ragged batch: attention per sequence; a paged cache: op by op (the one call reads a contiguous one)
-            if hasattr(kv, "seqs") or getattr(kv, "paged", False):
+            # a ragged batch: attention per sequence (a paged sequence alone reads through its table in the call)
+            if hasattr(kv, "seqs"):
                 return None
             self._kv, self._layers, self._slots, self._key = kv, None, {}, None
         # a new step: its arguments, the thread count among them (read once a step: numba.get_num_threads takes
@@ -87,10 +88,12 @@ class WholeLayers:
         tail = self._moe.half_args(spec, cfg, lw, 1)
         if tail is None:
             return lw, layer, None, None
-        k_views, v_views, code_k, code_v, kv_layer, _ = self._fused._views(kv, il)
+        k_views, v_views, code_k, code_v, kv_layer, (kv_table, kv_bs) = self._fused._views(kv, il)
         n_ctx = kv_layer.n_ctx
-        # (one eps: attention_half's, the layer's own, is the FFN half's too)
-        own = (k_views, v_views, code_k, code_v) + self._fused.layer_args(spec, cfg, lw, il) + tail[1:]
+        # (one eps: attention_half's, the layer's own, is the FFN half's too); a paged sequence's table is one array
+        # its cache fills in place as it takes blocks, so the List's reference to it stays current
+        own = ((k_views, v_views, code_k, code_v, kv_table, np.int64(kv_bs)) + self._fused.layer_args(spec, cfg, lw, il)
+               + tail[1:])
         if self._layers is None:
             self._layers, index = moe.layer_list(own), 0
         else:
