@@ -8,7 +8,12 @@
 #   bash scripts/moe_cache_session.sh profile  scripts/offload_decode_profile.py with --moe-cache auto and 0 (the
 #                                              cache's host call split into its parts), at NCMOE (default 24), 12 GiB
 #   bash scripts/moe_cache_session.sh bench    per budget (12, 24 GiB): hybrid probe's N and cache size, then hybrid
-#                                              bench --moe-cache auto,0 and llama-bench at that N; a table last
+#                                              bench --moe-cache auto,0 and llama-bench at that N, and the same at
+#                                              every layer's experts in RAM where the probe offers that with the
+#                                              cache (its cache_alternative); a table last
+#   bash scripts/moe_cache_session.sh trace    the cache's measured hit rate next to the simulator's on one trace:
+#                                              trace-experts -b 1 through --moe-cache SLOTS (default 64) at
+#                                              --cpu-moe, then scripts/sim_expert_cache.py on that trace
 #   env: OUT (default /tmp/moe_cache), MODEL (default /tmp/qwen3moe-30b-skew.gguf, made with --router-skew 1.0),
 #        EVEN (1: also the unskewed /tmp/qwen3moe-30b.gguf), ROUNDS (2), REPS (2), THREADS (16), CTX (8192),
 #        BUDGETS (default "12 24"), NCMOE (skip the probe: this N for every budget)
@@ -40,20 +45,32 @@ if [[ $PHASE == profile ]]; then  # where a decode token goes, with the cache an
   exit 0
 fi
 
+if [[ $PHASE == trace ]]; then  # measured (the runtime cache) against simulated (the same trace's tokens)
+  stamp "trace-experts -b 1 --cpu-moe --moe-cache ${SLOTS:-64}"
+  timeout -k 5 300 python3 -m hybrid trace-experts "$MODEL" -f docs/DESIGN.md -c 256 --chunks 2 -b 1 -ngl 99 \
+    --cpu-moe --moe-cache "${SLOTS:-64}" --vram-budget 12GiB -t "$THREADS" -o "$OUT/trace.npz" --json \
+    > "$OUT/trace.json" 2> "$OUT/trace.err"
+  stamp "rc=$?"; python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['moe_cache'])" "$OUT/trace.json"
+  python3 scripts/sim_expert_cache.py "$OUT/trace.npz" --slots "16,32,${SLOTS:-64}" --inserts 2 | head -n 12
+  exit 0
+fi
+
 models=("$MODEL")
 [[ ${EVEN:-0} == 1 ]] && models+=(/tmp/qwen3moe-30b.gguf)
 wait_llama
 for m in "${models[@]}"; do
   tag=$(basename "$m" .gguf)
   for budget in $BUDGETS; do
-    n=${NCMOE:-}
-    if [[ -z $n ]]; then
+    ns=${NCMOE:-}
+    if [[ -z $ns ]]; then
       stamp "$tag: probe --vram-budget ${budget}GiB -c $CTX"
       timeout -k 5 200 python3 -m hybrid probe "$m" -c "$CTX" --vram-budget ${budget}GiB --fast --json \
         > "$OUT/probe_${tag}_$budget.json" 2> "$OUT/probe_${tag}_$budget.err"
       stamp "rc=$?"
-      n=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r.get('recommended_n_cpu_moe') or 48); print(r['command'], '|', r['moe_cache']['note'], file=sys.stderr)" "$OUT/probe_${tag}_$budget.json")
+      # the probe's N (0: everything fits), then every layer's N where it offers the cache alternative
+      ns=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); alt=r.get('cache_alternative'); print(r.get('recommended_n_cpu_moe') or 0, (r.get('moe') or {}).get('n_layer', '') if alt else ''); print(r['command'], '|', r['moe_cache']['note'], '|', alt and alt['command'], file=sys.stderr)" "$OUT/probe_${tag}_$budget.json")
     fi
+    for n in $ns; do
     for round in $(seq 1 "$ROUNDS"); do
       name="${tag}_b${budget}_n$n"
       stamp "round $round $name: hybrid bench --moe-cache auto,0"
@@ -67,6 +84,7 @@ for m in "${models[@]}"; do
           > "$OUT/llama_${name}_$round.json" 2> "$OUT/llama_${name}_$round.err"
         stamp "rc=$?"
       fi
+    done
     done
   done
 done
