@@ -1,9 +1,9 @@
 """CpuBackend's whole MoE decode layers (kernels_cpu.moe.moe_layer_at): each layer's own arguments, the views of its
 KV cache and its block table included (contiguous or a paged sequence), kept in one typed List, and a decode step's
 shared ones (threads, RoPE tables, positions) made once a step, so that a layer's Python is a few lookups and one
-call of 11 arguments. After the weights' streams
-have swept the caches every Python operation and every unboxed argument costs a miss or several: the 44-argument
-call with the step's arguments gathered per layer took ~50 us a layer (2-core Zen 4)."""
+call of 11 arguments. After the weights' streams have swept the caches every Python operation and every unboxed
+argument costs a miss or several: the 44-argument call with the step's arguments gathered per layer took ~50 us a
+layer (2-core Zen 4)."""
 
 from __future__ import annotations
 

@@ -14,13 +14,13 @@ When every expert of the step hit, the GPU does not wait for the host at all (ho
 step 3 adds nothing: the host's call then only keeps the book, beside the step.
 
 Admission (one token only; book.py decides, under the cap): after the host break's answer (the step goes on
-meanwhile), each evicted expert's table
-entry is set to -1 on the step's stream, then the copies of the new experts start on a copy stream of their own,
-after that (an event), straight from the page-locked pages of the model file; the table entry of a copy is written
-(on the step's stream, so it is ordered before every later lookup) at a later host break that finds the copy's event
-done. Nothing waits for a copy. A table write is a 4-byte copy from a constant pinned array (-1, or the slot's id).
-The GPU's hit kernels run beside the CPU's misses in a captured step (graph.host_break's `beside`: between the
-signal to the host and the wait for it), after the host call in an eager one.
+meanwhile), each evicted expert's table entry is set to -1 on the step's stream, then the copies of the new experts
+start on a copy stream of their own, after that (an event), straight from the page-locked pages of the model file;
+the table entry of a copy is written (on the step's stream, so it is ordered before every later lookup) at a later
+host break that finds the copy's event done. Nothing waits for a copy. A table write is a 4-byte copy from a
+constant pinned array (-1, or the slot's id). The GPU's hit kernels run beside the CPU's misses in a captured step
+(graph.host_break's `beside`: between the signal to the host and the wait for it), after the host call in an eager
+one.
 """
 
 from __future__ import annotations
@@ -81,7 +81,6 @@ class ExpertCache:
         self._consts[n_slots] = -1
         self._found: dict[tuple[int, int], tuple] = {}  # (row, n_tok) -> pinned int32 (n_tok, k) of the lookups
         self._bufs: dict[tuple[int, int], _Pinned] = {}  # (row, n_tok) -> pinned h, ids, weights in, the sum out
-        self.book_seconds = 0.0  # host time of the book and the uploads' launches (after each host call's answer)
         done = weakref.finalize(self, self._stream.synchronize)  # no copy left reading the locked pages
         done.atexit = False  # at exit the CUDA context may be gone first; nothing in flight matters then
 
@@ -134,13 +133,11 @@ class ExpertCache:
             return book  # the bookkeeping, after the answer: the step reads none of it
 
         def book() -> None:
-            t0 = time.perf_counter()
             self._validate(stream)
             if n_tok == 1:
                 self._upload(row, self.book.decode(row, buf.ids[0], fbuf[0])[1], stream)
             else:
                 self.book.batch(fbuf)
-            self.book_seconds += time.perf_counter() - t0
 
         # every expert a hit: the GPU goes on without the host (the host's call and book run beside the step)
         he.gpu.host_call(experts, beside=lambda: part.append(moe._decode(h, slots, wts_hit, gate, up, down,
