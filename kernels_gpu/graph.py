@@ -54,6 +54,17 @@ _READY, _DONE, _TIMED_OUT = 0, 32, 64  # int32 offsets of the flags in their pag
 _RELEASE = 1 << 30  # DONE at this value lets every remaining wait of a replay through (after a failed host call)
 
 
+def call_now(stream, fn, beside=None) -> None:
+    """A host break outside a captured step: wait for `stream`, run fn() on the host, then launch beside() (GPU work
+    independent of fn) and run the callable fn returned, if any."""
+    stream.synchronize()
+    after = fn()
+    if beside is not None:
+        beside()
+    if after is not None:
+        after()
+
+
 class HostBreakError(HybridError, RuntimeError):
     """A replayed step's host break failed: the GPU never signalled it, or waited past HOST_WAIT_S for the host."""
 
@@ -287,12 +298,7 @@ class GraphRunner:
         host's answer only when one of its values is negative."""
         st = self.stream
         if not self.capturing:
-            st.synchronize()
-            after = fn()
-            if beside is not None:
-                beside()
-            if after is not None:
-                after()
+            call_now(st, fn, beside)
             return
         if self._sync is not None:  # one graph: signal break k, wait for the host's k (nothing runs now)
             k = np.int32(len(self._pieces) + 1)

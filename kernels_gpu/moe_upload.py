@@ -61,21 +61,23 @@ def plan_upload(ids: np.ndarray, n_expert: int, capacity: int, bm: int = MM_BM,
     dest[order] = np.arange(flat.size, dtype=np.int32)
     used = np.flatnonzero(counts)
     chunks, tiles = [], []
+
+    def add_tiles(experts, places) -> None:  # each expert's rows, at most bm a tile, named by its place
+        for e, place in zip(experts.tolist(), places):
+            n, row = int(counts[e]), int(first_row[e])
+            tiles.extend((place, row + t, min(bm, n - t), 0) for t in range(0, n, bm))
+
     if resident is not None:
         slot = np.asarray(resident).reshape(-1)[used]
         here = used[slot >= 0]
         if here.size:
-            for e, place in zip(here.tolist(), slot[slot >= 0].tolist()):
-                n, row = int(counts[e]), int(first_row[e])
-                tiles.extend((place, row + t, min(bm, n - t), 0) for t in range(0, n, bm))
+            add_tiles(here, slot[slot >= 0].tolist())
             chunks.append(UploadChunk(here, (), 0, len(tiles), resident=True))
         used = used[slot < 0]
     for c0 in range(0, used.size, capacity):
         experts = used[c0:c0 + capacity]
         tile0 = len(tiles)
-        for place, e in enumerate(experts.tolist()):
-            n, row = int(counts[e]), int(first_row[e])
-            tiles.extend((place, row + t, min(bm, n - t), 0) for t in range(0, n, bm))
+        add_tiles(experts, range(experts.size))
         breaks = np.flatnonzero(np.diff(experts) != 1) + 1  # where a run of consecutive experts ends
         runs = tuple((int(experts[a]), int(experts[b - 1]) + 1, int(a))
                      for a, b in zip(np.r_[0, breaks], np.r_[breaks, experts.size]))

@@ -17,6 +17,13 @@ def _routes(n_tok: int, n_expert: int, k: int, skew: float, rng) -> np.ndarray:
     return np.argsort(-scores, axis=1)[:, :k].astype(np.int32)
 
 
+def _expert_of_row(plan, ids: np.ndarray) -> np.ndarray:
+    """The expert of each of the plan's rows (ids (n_tok, k): the batch the plan was made from)."""
+    pair_of_row = np.empty(ids.size, dtype=np.int64)
+    pair_of_row[plan.dest] = np.arange(ids.size)
+    return ids.reshape(-1)[pair_of_row]
+
+
 @pytest.mark.parametrize("n_tok,n_expert,k,capacity,skew", [
     (512, 128, 8, 21, 1.0), (9, 8, 3, 2, 1.0), (300, 16, 2, 1, 0.0), (64, 64, 4, 64, 0.5), (1, 4, 4, 3, 0.0)])
 def test_every_pair_has_one_row_in_its_experts_tiles(n_tok, n_expert, k, capacity, skew):
@@ -28,7 +35,7 @@ def test_every_pair_has_one_row_in_its_experts_tiles(n_tok, n_expert, k, capacit
     pair_of_row = np.empty(n_pairs, dtype=np.int64)
     pair_of_row[plan.dest] = np.arange(n_pairs)
     assert np.array_equal(plan.src, pair_of_row // k)  # each row's token
-    expert_of_row = ids.reshape(-1)[pair_of_row]
+    expert_of_row = _expert_of_row(plan, ids)
     assert np.all(np.diff(expert_of_row) >= 0)  # grouped by expert, ascending
     same = np.diff(expert_of_row) == 0
     assert np.all(np.diff(plan.src)[same] > 0)  # tokens ascending within an expert
@@ -73,11 +80,8 @@ def test_experts_in_an_expert_cache_form_one_chunk_named_by_their_slots():
     here = used[resident[used] >= 0]
     first = plan.chunks[0]
     assert first.resident and first.runs == () and first.experts.tolist() == here.tolist()
-    n_pairs = ids.size
-    pair_of_row = np.empty(n_pairs, dtype=np.int64)
-    pair_of_row[plan.dest] = np.arange(n_pairs)
-    expert_of_row = ids.reshape(-1)[pair_of_row]
-    covered = np.zeros(n_pairs, dtype=np.int64)
+    expert_of_row = _expert_of_row(plan, ids)
+    covered = np.zeros(ids.size, dtype=np.int64)
     for c in plan.chunks:
         for place, row0, rows, _ in plan.tiles[c.tile0:c.tile0 + c.n_tiles].tolist():
             want = np.flatnonzero(resident == place) if c.resident else [c.experts[place]]

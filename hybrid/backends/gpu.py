@@ -150,12 +150,9 @@ class GpuBackend:
         if self._graphs is not None and self._graphs.active:
             self._graphs.host_break(fn, beside, needs)
             return
-        self._cupy.cuda.get_current_stream().synchronize()
-        after = fn()
-        if beside is not None:
-            beside()
-        if after is not None:
-            after()
+        from kernels_gpu.graph import call_now  # noqa: PLC0415
+
+        call_now(self._cupy.cuda.get_current_stream(), fn, beside)
 
     def report_routing(self, lw, ids, wts) -> None:
         """Tell routing_observer (when set) the device routing ids, wts (cupy (n_tok, k)) of the MoE layer of
