@@ -43,7 +43,7 @@ def main() -> None:
             kv = PagedKV(engine.config, engine.backends, a.batch * (-(-n_ctx // 64)), 64)
             seqs = [kv.sequence(n_ctx) for _ in range(a.batch)]
         else:
-            seqs = [engine.new_cache(n_ctx) for _ in range(a.batch)]
+            seqs = [engine.new_cache(n_ctx, paged=False) for _ in range(a.batch)]
         for i, s in enumerate(seqs):
             engine.eval(list(range(10 + i, 10 + i + a.depth)), s)
         return seqs

@@ -9,14 +9,15 @@
 #                                              cache's host call split into its parts), at NCMOE (default 24), 12 GiB
 #   bash scripts/moe_cache_session.sh bench    per budget (12, 24 GiB): hybrid probe's N and cache size, then hybrid
 #                                              bench --moe-cache auto,0 and llama-bench at that N, and the same at
-#                                              every layer's experts in RAM where the probe offers that with the
-#                                              cache (its cache_alternative); a table last
+#                                              every layer's experts in RAM (where the probe offers that with the
+#                                              cache, its cache_alternative, and with CPU_MOE=1 at every budget);
+#                                              a table last
 #   bash scripts/moe_cache_session.sh trace    the cache's measured hit rate next to the simulator's on one trace:
 #                                              trace-experts -b 1 through --moe-cache SLOTS (default 64) at
 #                                              --cpu-moe, then scripts/sim_expert_cache.py on that trace
 #   env: OUT (default /tmp/moe_cache), MODEL (default /tmp/qwen3moe-30b-skew.gguf, made with --router-skew 1.0),
 #        EVEN (1: also the unskewed /tmp/qwen3moe-30b.gguf), ROUNDS (2), REPS (2), THREADS (16), CTX (8192),
-#        BUDGETS (default "12 24"), NCMOE (skip the probe: this N for every budget)
+#        BUDGETS (default "12 24"), NCMOE (skip the probe: this N for every budget), CPU_MOE (1)
 set -u
 cd "$(dirname "$0")/.."
 PHASE=${1:-tests}
@@ -67,8 +68,9 @@ for m in "${models[@]}"; do
       timeout -k 5 200 python3 -m hybrid probe "$m" -c "$CTX" --vram-budget ${budget}GiB --fast --json \
         > "$OUT/probe_${tag}_$budget.json" 2> "$OUT/probe_${tag}_$budget.err"
       stamp "rc=$?"
-      # the probe's N (0: everything fits), then every layer's N where it offers the cache alternative
-      ns=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); alt=r.get('cache_alternative'); print(r.get('recommended_n_cpu_moe') or 0, (r.get('moe') or {}).get('n_layer', '') if alt else ''); print(r['command'], '|', r['moe_cache']['note'], '|', alt and alt['command'], file=sys.stderr)" "$OUT/probe_${tag}_$budget.json")
+      # the probe's N (0: everything fits), then every layer's N (the cache's placement: where the probe offers it
+      # as its cache alternative, and with CPU_MOE=1, the default, at every budget)
+      ns=$(python3 -c "import json,sys,os; r=json.load(open(sys.argv[1])); alt=r.get('cache_alternative'); n=r.get('recommended_n_cpu_moe') or 0; nl=r['n_offloadable'] - 1; print(n, nl if (alt or os.environ.get('CPU_MOE', '1') == '1') and nl != n else ''); print(r['command'], '|', r['moe_cache']['note'], '|', alt and alt['command'], file=sys.stderr)" "$OUT/probe_${tag}_$budget.json")
     fi
     for n in $ns; do
     for round in $(seq 1 "$ROUNDS"); do

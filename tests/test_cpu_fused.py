@@ -84,4 +84,5 @@ def test_fused_declines_where_it_has_no_form(tmp_path):
     x = np.zeros((1, llama.config.n_embd), dtype=np.float32)
     llama.cpu.fused = True
     with pytest.raises(ValueError, match="positions must lie in"):
-        layer_forward(llama.cpu, llama.spec, llama.config, lw, 0, x, np.array([96], np.int32), llama.new_cache())
+        layer_forward(llama.cpu, llama.spec, llama.config, lw, 0, x, np.array([96], np.int32),
+                      llama.new_cache(paged=False))

@@ -144,7 +144,7 @@ def _assert_fused_evals_equal(eng: Engine, steps: list[list[int]], new_cache=Non
     out = {}
     for fused in (True, False):
         eng.cpu.fused = fused
-        cache = eng.new_cache() if new_cache is None else new_cache()
+        cache = eng.new_cache(paged=False) if new_cache is None else new_cache()
         out[fused] = [np.asarray(eng.eval(tokens, cache)) for tokens in steps]
     for step, (a, b) in enumerate(zip(out[True], out[False])):
         assert np.array_equal(a, b), f"step {step}: max |diff| {np.abs(a - b).max()}"

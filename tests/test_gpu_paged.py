@@ -138,7 +138,7 @@ def _scrambled_pool(engine, n_blocks, bs=32):
 
 def test_a_paged_sequence_gives_the_contiguous_caches_logits(engine):
     kv, _ = _scrambled_pool(engine, 32)
-    seq, ref = kv.sequence(256), engine.new_cache(256)
+    seq, ref = kv.sequence(256), engine.new_cache(256, paged=False)
     prompt = [int(t) for t in np.random.default_rng(6).integers(3, SHAPE.n_vocab, 45)]
     a, b = engine.eval(prompt, seq), engine.eval(prompt, ref)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
@@ -147,6 +147,33 @@ def test_a_paged_sequence_gives_the_contiguous_caches_logits(engine):
         a, b = engine.eval([t], seq), engine.eval([t], ref)
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
     assert seq.n_past == ref.n_past == len(prompt) + 8
+
+
+def test_each_runs_own_pool_replays_the_same_decode_graph(engine):
+    """Engine.new_cache gives each `run` a paged sequence with a pool of its own: the decode graph captured on the
+    first replays on the later ones (the pools' addresses cross in the graph's slots, as a contiguous cache's do),
+    and each gives a contiguous cache's logits. The caches stay alive, so every pool has its own address, and each
+    has its own prompt, so a graph reading another pool's keys would be seen."""
+    gpu = next(be for be in engine.backends if be.name == "gpu")
+    kept = []
+    for round_ in range(3):
+        prompt = [int(t) for t in np.random.default_rng(9 + round_).integers(3, SHAPE.n_vocab, 30)]
+        run, ref = engine.new_cache(200), engine.new_cache(200, paged=False)
+        assert run.paged and not ref.paged
+        assert all(run.layers[0].k.data.ptr != r.layers[0].k.data.ptr for r, _ in kept)
+        a, b = engine.eval(prompt, run), engine.eval(prompt, ref)
+        replays = _replays(gpu)
+        for _ in range(6):
+            t = int(np.argmax(b))
+            a, b = engine.eval([t], run), engine.eval([t], ref)
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()), err_msg=f"run {round_}")
+        if round_:
+            assert _replays(gpu) - replays >= 12  # both caches' steps replayed graphs captured in the first run
+        kept.append((run, ref))
+    for run, ref in kept:  # the later runs left the earlier pools alone
+        a, b = engine.eval([5], run), engine.eval([5], ref)
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * float(np.abs(b).max()))
+    assert not gpu.graph_fallback, gpu.graph_report()
 
 
 def _close(got, want):
@@ -167,7 +194,7 @@ def test_a_decode_batch_through_the_graphs_gives_each_sequence_its_own_logits(en
     kv, _ = _scrambled_pool(engine, 64)
     prompts = [[int(t) for t in rng.integers(3, SHAPE.n_vocab, n)] for n in (5, 17, 33, 60)]
     seqs = [kv.sequence(256) for _ in prompts]
-    refs = [engine.new_cache(256) for _ in prompts]
+    refs = [engine.new_cache(256, paged=False) for _ in prompts]
     got = engine.eval_batch(list(zip(prompts, seqs)))  # a ragged prefill (eager)
     want = [engine.eval(p, c) for p, c in zip(prompts, refs)]
     for g, w in zip(got, want):

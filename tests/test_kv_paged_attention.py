@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from hybrid.engine import Engine, EngineParams
-from hybrid.errors import HybridError
+from hybrid.errors import ContextTooLarge, HybridError
 from hybrid.kv.blocks import OutOfBlocks
 from hybrid.kv.paged import PagedKV
 from hybrid.tools.synth.model import make_model
@@ -109,7 +109,7 @@ def _greedy(engine, cache, prompt, n):
 def test_engine_on_a_paged_sequence_equals_a_contiguous_cache(engine):
     kv = PagedKV(engine.config, engine.backends, n_blocks=16, block_size=64)
     prompt = list(range(5, 90))
-    ref_ids, ref_logits = _greedy(engine, engine.new_cache(), prompt, 12)
+    ref_ids, ref_logits = _greedy(engine, engine.new_cache(paged=False), prompt, 12)
     seq = kv.sequence(512)
     ids, logits = _greedy(engine, seq, prompt, 12)
     assert ids == ref_ids and np.array_equal(logits, ref_logits)
@@ -130,7 +130,7 @@ def test_engine_shares_a_prompt_prefix_and_batches_paged_sequences(engine):
     assert b.n_past == 128 and kv.pool.ref[a.blocks[0]] == 2
     got = engine.eval_batch([(tail_a, a), (tail_b, b)])
     for tail, logits in ((tail_a, got[0]), (tail_b, got[1])):
-        ref = engine.new_cache()
+        ref = engine.new_cache(paged=False)
         engine.eval(prefix, ref)
         assert np.array_equal(logits, engine.eval(tail, ref))
     assert len(a.blocks) == 3 and len(b.blocks) == 3 and kv.pool.n_free == 8 - 4
@@ -152,3 +152,31 @@ def test_reserve_is_all_or_nothing_and_backends_without_tables_are_refused(engin
 
     with pytest.raises(HybridError, match="read block tables"):
         PagedKV(engine.config, [NoPaging()] * engine.config.n_layer, n_blocks=2)
+
+
+def test_new_cache_is_a_paged_sequence_of_its_own_pool(engine):
+    """The cache of run, chat and perplexity (Engine.new_cache): a paged sequence whose own pool holds
+    ceil(n_ctx / 64) blocks. Evaluating, rolling back (chat keeps the common prefix, a speculative check drops its
+    rejected tail), going on and clearing give a contiguous cache's logits bit for bit; kv_paged=False, or
+    paged=False, gives the contiguous cache."""
+    cache, ref = engine.new_cache(200), engine.new_cache(200, paged=False)
+    assert cache.paged and not ref.paged and cache.n_ctx == ref.n_ctx == 200
+    assert cache.pool_of.pool.n_blocks == 4 and cache.pool_of.pool.n_free == 4
+    prompt = list(range(5, 80))
+    assert np.array_equal(engine.eval(prompt, cache), engine.eval(prompt, ref))
+    assert cache.pool_of.pool.n_free == 2  # 75 positions: two blocks of 64
+    cache.n_past = ref.n_past = 40  # the rollback
+    for step in ([7, 8, 9], [11], [12]):
+        assert np.array_equal(engine.eval(step, cache), engine.eval(step, ref)), step
+    cache.clear()
+    ref.clear()
+    assert cache.pool_of.pool.n_free == 4 and cache.n_past == 0
+    assert np.array_equal(engine.eval(prompt[:9], cache), engine.eval(prompt[:9], ref))
+    with pytest.raises(ContextTooLarge):
+        engine.eval(list(range(3, 300)), engine.new_cache(200))
+    params = engine.params
+    try:
+        engine.params = replace(params, kv_paged=False)
+        assert not engine.new_cache(64).paged and engine.new_cache(64, paged=True).paged
+    finally:
+        engine.params = params

@@ -92,8 +92,9 @@ class GpuBackend:
         shape; eager launches when use_graphs is False or capture is impossible (graph_report() says why).
         paged: for paged caches (kv_layers are views of pools), (positions (n,), seq_of (n,), tables (n_seq, w),
         block_size) on the host: the rows' positions, sequences and the sequences' block tables cross with x and
-        serve the step's kv_store and attention (a ragged decode batch: one token of each of n sequences).
-        Returns fn's result on the host."""
+        serve the step's kv_store and attention (a ragged decode batch: one token of each of n sequences); the
+        pools' addresses cross in the slots as a cache's do, so a graph serves any pool of that shape (each `run`
+        makes its own, Engine.new_cache). Returns fn's result on the host."""
         from kernels_gpu.graph import GraphRunner  # noqa: PLC0415
 
         from kernels_gpu.kv_cache import PagedArgs  # noqa: PLC0415
@@ -109,14 +110,14 @@ class GpuBackend:
             position = np.concatenate([pos_h, seq_h, tab_h.reshape(-1)]).astype(np.int32)
 
         def step(xd, pos, slots):
-            if paged is not None:  # positions, sequences and tables from the step's inputs; the pools' addresses
-                self._paged = PagedArgs(pos[2 * n:].reshape(shape), pos[n:2 * n], bs)  # are the graph's own
+            base = slots.data.ptr  # the caches' (or pools') addresses, read through the slots when the kernels run
+            self._slots = {il: (base + 16 * j, base + 16 * j + 8) for j, il in enumerate(ils)}
+            if paged is not None:  # positions, sequences and tables from the step's inputs
+                self._paged = PagedArgs(pos[2 * n:].reshape(shape), pos[n:2 * n], bs)
                 try:
                     return fn(xd, pos[:n])
                 finally:
-                    self._paged = None
-            base = slots.data.ptr
-            self._slots = {il: (base + 16 * j, base + 16 * j + 8) for j, il in enumerate(ils)}
+                    self._paged, self._slots = None, {}
             n_tok = xd.shape[0]  # a speculative check's tokens sit at pos, pos + 1, ... (computed on the device)
             positions = pos if n_tok == 1 else pos + self._cupy.arange(n_tok, dtype=self._cupy.int32)
             try:
@@ -322,10 +323,7 @@ class GpuBackend:
 
         layer = kv.layers[il]
         if isinstance(positions, self._cupy.ndarray):  # a decode step: the engine checked the position
-            if self._paged is not None:
-                kv_store(layer, positions, self._dev(k), self._dev(v), paged=self._paged)
-            else:
-                kv_store(layer, positions, self._dev(k), self._dev(v), self._slots.get(il))
+            kv_store(layer, positions, self._dev(k), self._dev(v), self._slots.get(il), paged=self._paged)
             return
         p = np.asarray(positions)
         if p.size and (int(p.min()) < 0 or int(p.max()) >= layer.n_ctx):
@@ -347,7 +345,7 @@ class GpuBackend:
                 extra["paged"] = paged
             n_kv = layer.n_ctx if paged is None else paged.width * paged.block_size
             out, q8 = attention_q8(qd, layer, positions, n_kv, scale, n_swa, dynamic=True,
-                                   slots=None if paged is not None else self._slots.get(il), q8=qd.shape[0] == 1,
+                                   slots=self._slots.get(il), q8=qd.shape[0] == 1,
                                    **extra)
             if q8 is not None:
                 self._q8_memo = (out, q8)

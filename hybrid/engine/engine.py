@@ -25,6 +25,7 @@ from hybrid.errors import ContextTooLarge, HybridError
 from hybrid.engine.lazy_rows import LazyRows
 from hybrid.kv.batch import KVBatch
 from hybrid.kv.cache import KVCache
+from hybrid.kv.paged import single_sequence, supports_paging
 from hybrid.kv.types import check_kv_types
 from hybrid.model import forward
 from hybrid.model.arch import adopt_layers, arch_spec
@@ -271,9 +272,15 @@ class Engine:
         self.eval([bos, bos], cache)
         self.eval([bos], cache)
 
-    def new_cache(self, n_ctx: int | None = None) -> KVCache:
-        return KVCache.create(self.config, self.backends, n_ctx or self.params.n_ctx,
-                              self.params.type_k, self.params.type_v)
+    def new_cache(self, n_ctx: int | None = None, paged: bool | None = None) -> KVCache:
+        """An empty KV cache of n_ctx positions (default -c): paged (hybrid.kv.paged, a pool of its own read through
+        a block table, as the server's sequences) where params.kv_paged (or `paged`) asks for it and every layer's
+        backend reads block tables; else one contiguous storage a layer (paged=False: the -np 1 server's prompt
+        cache, which copies rows by position)."""
+        n, p = n_ctx or self.params.n_ctx, self.params
+        if (p.kv_paged if paged is None else paged) and supports_paging(self.backends):
+            return single_sequence(self.config, self.backends, n, p.type_k, p.type_v)
+        return KVCache.create(self.config, self.backends, n, p.type_k, p.type_v)
 
     def eval(self, tokens: list[int] | np.ndarray, cache: KVCache, logits_from: int | None = None) -> np.ndarray:
         """Append `tokens` at positions cache.n_past.. and return logits (float32).

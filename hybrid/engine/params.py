@@ -35,6 +35,9 @@ class EngineParams:
     moe_cache: MoeCacheRequest = MOE_CACHE_OFF
     moe_cache_policy: str = DEFAULT_POLICY
     moe_cache_inserts: int = DEFAULT_INSERTS
+    # the KV cache of new_cache in blocks through a table (hybrid.kv.paged), the design the server's slots share;
+    # False: one contiguous storage a layer (the comparison scripts/bench_paged_kv.py makes)
+    kv_paged: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "n_gpu_layers", parse_ngl(self.n_gpu_layers))

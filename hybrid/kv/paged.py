@@ -68,6 +68,14 @@ class PagedKV:
         return PagedCache(n_ctx, self.type_k, self.type_v, layers, pool_of=self, table=table)
 
 
+def single_sequence(config: ModelConfig, backends: list, n_ctx: int, type_k: str = "f16", type_v: str = "f16",
+                    block_size: int = DEFAULT_BLOCK_SIZE) -> "PagedCache":
+    """One sequence of n_ctx positions with a pool of its own, ceil(n_ctx / block_size) blocks (n_ctx cells when
+    block_size divides it): the cache of `run`, `chat` and `perplexity` (Engine.new_cache), read by the same kernels
+    as the server's shared pool."""
+    return PagedKV(config, backends, -(-n_ctx // block_size), block_size, type_k, type_v).sequence(n_ctx)
+
+
 @dataclass(eq=False)
 class PagedCache(KVCache):
     pool_of: PagedKV | None = None

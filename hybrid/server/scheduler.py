@@ -105,7 +105,7 @@ class BatchScheduler:
     def __init__(self, engine, n_slots: int, n_batch: int, n_ctx_slot: int, cache_ram: int = 0):
         self.engine = engine
         self.n_batch = n_batch
-        self.slots = [Slot(i, PromptCache(engine.new_cache(n_ctx_slot), cache_ram // n_slots))
+        self.slots = [Slot(i, PromptCache(engine.new_cache(n_ctx_slot, paged=False), cache_ram // n_slots))
                       for i in range(n_slots)]
         self.running: list[Seq] = []  # admission order
         self.reused_tokens = 0  # prompt tokens not evaluated: held by the slot or copied from another (/metrics)

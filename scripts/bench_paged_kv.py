@@ -1,0 +1,68 @@
+#!/usr/bin/env python3
+"""pp and tg through the paged KV cache `run` uses (Engine.new_cache: a sequence with a pool of its own, read through
+a block table) against the contiguous cache it replaced, alternated in one process on one loaded model.
+
+    python3 scripts/bench_paged_kv.py [-m MODEL] [-p 512] [-n 128] [-ngl 0] [-t 0] [--rounds 3] [-r 2] [ENGINE FLAGS]
+
+Each round runs both caches (the order alternating), each with `-r` repetitions of llama-bench's tests
+(hybrid.tools.bench); prints tokens/s per round and cache, then the mean ratio paged / contiguous per test."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from dataclasses import replace
+
+from hybrid.engine.launch import launch
+from hybrid.engine.params import EngineParams
+from hybrid.model.files import resolve_model
+from hybrid.model.packaged import default_cache_dir
+from hybrid.plan.overrides import build_overrides
+from hybrid.system.devices import probe_machine
+from hybrid.system.sizes import parse_size
+from hybrid.tools.bench import run_bench, tests_from
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", default="demo")
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-ngl", "--n-gpu-layers", default="0")
+    ap.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=0)
+    ap.add_argument("-t", "--threads", type=int, default=0)
+    ap.add_argument("-ctk", "--cache-type-k", default="f16")
+    ap.add_argument("-ctv", "--cache-type-v", default="f16")
+    ap.add_argument("--vram-budget", default="")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("-r", "--repetitions", type=int, default=2)
+    a = ap.parse_args()
+    params = EngineParams(n_ctx=a.n_prompt + a.n_gen + 64, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers,
+                          type_k=a.cache_type_k, type_v=a.cache_type_v, op_offload=True,
+                          vram_budget=parse_size(a.vram_budget) if a.vram_budget else None,
+                          overrides=build_overrides((), False, a.n_cpu_moe))
+    engine, _ = launch(resolve_model(a.model), params, default_cache_dir(), lambda msg: None)
+    machine = probe_machine()
+    print(f"CPU: {machine.cpu_model}, {machine.physical_cores} cores; GPU: "
+          f"{', '.join(g.name for g in machine.gpus) or 'none'}; model {a.model}, -ngl {a.n_gpu_layers}, "
+          f"-ncmoe {a.n_cpu_moe}, -t {a.threads or machine.physical_cores}")
+    tests = tests_from([a.n_prompt], [a.n_gen], [])
+    ts: dict[tuple[str, bool], list[float]] = {}
+    print("| round | cache | " + " | ".join(f"{t.name} t/s" for t in tests) + " |")
+    print("|---|---|" + "---:|" * len(tests))
+    for rnd in range(a.rounds):
+        for paged in ((True, False) if rnd % 2 == 0 else (False, True)):
+            engine.params = replace(params, kv_paged=paged)
+            row = [r.avg_ts for r in run_bench(engine, tests, a.repetitions, warmup=rnd < 2)]
+            for t, v in zip(tests, row):
+                ts.setdefault((t.name, paged), []).append(v)
+            name = "paged" if paged else "contiguous"
+            print(f"| {rnd + 1} | {name} | " + " | ".join(f"{v:.2f}" for v in row) + " |", flush=True)
+    for t in tests:
+        p, c = statistics.fmean(ts[t.name, True]), statistics.fmean(ts[t.name, False])
+        print(f"{t.name}: paged {p:.2f} t/s, contiguous {c:.2f} t/s, ratio {p / c:.3f}")
+    engine.close()
+
+
+if __name__ == "__main__":
+    main()

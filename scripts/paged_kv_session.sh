@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The paged KV cache of `run` (Engine.new_cache) on the GPU machine, one device call a phase:
+#   bash scripts/paged_kv_session.sh tests   the GPU tests of TEST_FILES (default: every test marked gpu), the models
+#   bash scripts/paged_kv_session.sh bench   scripts/bench_paged_kv.py (paged vs contiguous, alternated in one
+#                                            process) on a Llama-3-8B-shaped Q4_K_M at -ngl 99 and -ngl 16, and on the
+#                                            Qwen3-30B-A3B-shaped Q4_K_M (skewed router) all on the GPU; then hybrid
+#                                            bench -p 512 --moe-cache in both orders (auto,0 and 0,auto) at --cpu-moe,
+#                                            12 GiB (whether a cold expert cache costs prompts anything)
+# env: OUT (/tmp/paged_kv), L8B (/tmp/l8b.gguf), MOE (/tmp/qwen3moe-30b-skew.gguf), THREADS (16), ROUNDS (3)
+set -u
+cd "$(dirname "$0")/.."
+PHASE=${1:-tests}
+OUT=${OUT:-/tmp/paged_kv}
+L8B=${L8B:-/tmp/l8b.gguf}
+MODEL=${MOE:-/tmp/qwen3moe-30b-skew.gguf}
+MAKE_ARGS="--arch qwen3moe --preset qwen3moe-30b --router-skew 1.0"
+TESTS=0
+source scripts/session_lib.sh
+
+if [[ $PHASE == tests ]]; then
+  [[ -f $L8B ]] || python3 scripts/make_model.py "$L8B" --arch llama --preset llama-8b > "$OUT/make_l8b.log" 2>&1 &
+  [[ -f $MODEL ]] || python3 scripts/make_model.py "$MODEL" $MAKE_ARGS > "$OUT/make_moe.log" 2>&1 &
+  stamp "GPU tests: ${TEST_FILES:--m gpu tests}"
+  NUMBA_NUM_THREADS=8 timeout -k 5 "${TEST_LIMIT:-420}" python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider \
+    ${TEST_FILES:--m gpu tests} > "$OUT/tests.log" 2>&1
+  stamp "tests rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30; tail -n 1 "$OUT/tests.log"
+  wait
+  stamp "models: $(ls -la "$L8B" "$MODEL" 2>&1 | awk '{print $5, $NF}' | tr '\n' ' ')"
+  exit 0
+fi
+
+R=${ROUNDS:-3}
+stamp "paged vs contiguous: 8B, -ngl 99"
+timeout -k 5 150 python3 scripts/bench_paged_kv.py -m "$L8B" -p 512 -n 128 -ngl 99 -t "$THREADS" --rounds "$R" 2>&1 |
+  tail -n 12
+stamp "paged vs contiguous: 8B, -ngl 16"
+timeout -k 5 200 python3 scripts/bench_paged_kv.py -m "$L8B" -p 512 -n 32 -ngl 16 -t "$THREADS" --rounds "$R" 2>&1 |
+  tail -n 12
+stamp "paged vs contiguous: 30B MoE, all on the GPU"
+timeout -k 5 150 python3 scripts/bench_paged_kv.py -m "$MODEL" -p 512 -n 128 -ngl 99 -t "$THREADS" --rounds "$R" 2>&1 |
+  tail -n 12
+for order in auto,0 0,auto auto,0 0,auto; do
+  stamp "hybrid bench -p 512 --cpu-moe --moe-cache $order, 12 GiB"
+  timeout -k 5 150 python3 -m hybrid bench -m "$MODEL" -o json -p 512 -n 0 -r 3 -ngl 99 -cmoe -fa 1 -t "$THREADS" \
+    --vram-budget 12GiB --moe-cache "$order" 2> /dev/null |
+    python3 -c "import json,sys; print(*(f\"cache {r['moe_cache']}: {r['avg_ts']:.1f}\" for r in json.load(sys.stdin)))"
+done
+stamp "done"
