@@ -3,14 +3,18 @@
 a block table) against the contiguous cache it replaced, alternated in one process on one loaded model.
 
     python3 scripts/bench_paged_kv.py [-m MODEL] [-p 512] [-n 128] [-ngl 0] [-t 0] [--rounds 3] [-r 2] [ENGINE FLAGS]
+        [--paired 64,512]
 
 Each round runs both caches (the order alternating), each with `-r` repetitions of llama-bench's tests
-(hybrid.tools.bench); prints tokens/s per round and cache, then the mean ratio paged / contiguous per test."""
+(hybrid.tools.bench); prints tokens/s per round and cache, then the mean ratio paged / contiguous per test.
+--paired DEPTHS: then, at each depth, decode steps alternating between a paged and a contiguous cache holding the
+same prompt (300 pairs): the median ms a step of each, what a noisy machine still compares."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import time
 from dataclasses import replace
 
 from hybrid.engine.launch import launch
@@ -36,8 +40,10 @@ def main() -> None:
     ap.add_argument("--vram-budget", default="")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("-r", "--repetitions", type=int, default=2)
+    ap.add_argument("--paired", default="", help="depths for paired decode steps, comma-separated")
     a = ap.parse_args()
-    params = EngineParams(n_ctx=a.n_prompt + a.n_gen + 64, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers,
+    depths = [int(d) for d in a.paired.split(",") if d]
+    params = EngineParams(n_ctx=max([a.n_prompt + a.n_gen, *depths]) + 64, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers,
                           type_k=a.cache_type_k, type_v=a.cache_type_v, op_offload=True,
                           vram_budget=parse_size(a.vram_budget) if a.vram_budget else None,
                           overrides=build_overrides((), False, a.n_cpu_moe))
@@ -61,7 +67,25 @@ def main() -> None:
     for t in tests:
         p, c = statistics.fmean(ts[t.name, True]), statistics.fmean(ts[t.name, False])
         print(f"{t.name}: paged {p:.2f} t/s, contiguous {c:.2f} t/s, ratio {p / c:.3f}")
+    for depth in depths:
+        a_ms, b_ms = paired_steps(engine, depth)
+        print(f"decode at depth {depth}, paired: paged {a_ms:.3f} ms, contiguous {b_ms:.3f} ms a step, "
+              f"time ratio {a_ms / b_ms:.3f}")
     engine.close()
+
+
+def paired_steps(engine, depth: int, n: int = 300) -> tuple[float, float]:
+    """Median ms of a decode step on a paged and on a contiguous cache, the two alternating step by step."""
+    caches = {p: engine.new_cache(depth + n + 8, paged=p) for p in (True, False)}
+    for c in caches.values():
+        engine.eval([5 + i % 97 for i in range(depth)], c)
+    ms: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(n):
+        for p in ((True, False) if i % 2 else (False, True)):
+            t0 = time.perf_counter()
+            engine.eval([7 + i % 50], caches[p])
+            ms[p].append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(ms[True]), statistics.median(ms[False])
 
 
 if __name__ == "__main__":

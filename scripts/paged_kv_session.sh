@@ -31,13 +31,15 @@ fi
 
 R=${ROUNDS:-3}
 stamp "paged vs contiguous: 8B, -ngl 99"
-timeout -k 5 150 python3 scripts/bench_paged_kv.py -m "$L8B" -p 512 -n 128 -ngl 99 -t "$THREADS" --rounds "$R" 2>&1 |
+timeout -k 5 150 python3 scripts/bench_paged_kv.py -m "$L8B" -p 512 -n 128 -ngl 99 -t "$THREADS" --rounds "$R" \
+  --paired 64,2048 2>&1 |
   tail -n 12
 stamp "paged vs contiguous: 8B, -ngl 16"
 timeout -k 5 200 python3 scripts/bench_paged_kv.py -m "$L8B" -p 512 -n 32 -ngl 16 -t "$THREADS" --rounds "$R" 2>&1 |
   tail -n 12
 stamp "paged vs contiguous: 30B MoE, all on the GPU"
-timeout -k 5 150 python3 scripts/bench_paged_kv.py -m "$MODEL" -p 512 -n 128 -ngl 99 -t "$THREADS" --rounds "$R" 2>&1 |
+timeout -k 5 150 python3 scripts/bench_paged_kv.py -m "$MODEL" -p 512 -n 128 -ngl 99 -t "$THREADS" --rounds "$R" \
+  --paired 64,2048 2>&1 |
   tail -n 12
 for order in auto,0 0,auto auto,0 0,auto; do
   stamp "hybrid bench -p 512 --cpu-moe --moe-cache $order, 12 GiB"
