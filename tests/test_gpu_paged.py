@@ -160,7 +160,8 @@ def test_each_runs_own_pool_replays_the_same_decode_graph(engine):
         prompt = [int(t) for t in np.random.default_rng(9 + round_).integers(3, SHAPE.n_vocab, 30)]
         run, ref = engine.new_cache(200), engine.new_cache(200, paged=False)
         assert run.paged and not ref.paged
-        assert all(run.layers[0].k.data.ptr != r.layers[0].k.data.ptr for r, _ in kept)
+        il = engine.backends.index(gpu)  # a GPU layer's pool
+        assert all(run.layers[il].k.data.ptr != r.layers[il].k.data.ptr for r, _ in kept)
         a, b = engine.eval(prompt, run), engine.eval(prompt, ref)
         replays = _replays(gpu)
         for _ in range(6):

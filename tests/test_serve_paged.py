@@ -160,3 +160,5 @@ def test_serve_np4_runs_on_the_paged_cache(engine):
     assert m["hybrid_kv_blocks_total"] == engine.params.n_ctx // 64
     assert m["hybrid_prefix_cache_queries"] >= 2 and m["hybrid_prefix_cache_hit_tokens"] >= 64
     assert m["hybrid_slots_busy"] == 0 and m["hybrid_kv_cache_busy_cells"] == 0
+    assert m["hybrid_prefix_cache_blocks"] >= 1  # the repeated prompt's block, kept for reuse
+    assert m["hybrid_kv_blocks_free"] + m["hybrid_prefix_cache_blocks"] == m["hybrid_kv_blocks_total"]

@@ -105,6 +105,7 @@ async def metrics(request: Request):
         gauges.update({
             "kv_blocks_total": (kv.pool.n_blocks, f"KV cache blocks of {kv.block_size} tokens."),
             "kv_blocks_free": (kv.pool.n_free, "Blocks held by no sequence and not by the prefix cache."),
+            "prefix_cache_blocks": (r.n_blocks, "Blocks the prefix cache holds (idle: free + these = total)."),
             "prefix_cache_queries": (r.stats.queries, "Prefix cache lookups."),
             "prefix_cache_hits": (r.stats.hits, "Lookups that matched at least one block."),
             "prefix_cache_hit_tokens": (r.stats.hit_tokens, "Prompt tokens found in the prefix cache."),
