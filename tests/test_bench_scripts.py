@@ -1,5 +1,6 @@
 """The pure parts of the serving load scripts: which inter-token gaps scripts/bench_chunked.py counts, its
-percentiles, and which --server-args scripts/bench_serve.py passes on to `hybrid run`."""
+percentiles, which --server-args scripts/bench_serve.py passes on to `hybrid run`, and scripts/serve_soak.py's leak
+check and verdict."""
 
 from __future__ import annotations
 
@@ -37,3 +38,25 @@ def test_stats_median_p99_max():
 def test_run_flags_drop_the_servers_own():
     args = ["-t", "2", "-np", "4", "-c", "8192", "--port=8080", "--cache-ram", "1GiB", "-b", "256", "--host", "::"]
     assert run_flags(args) == ["-t", "2", "-c", "8192", "-b", "256"]
+
+
+def test_soak_leaks_and_verdict():
+    """scripts/serve_soak.py: what /metrics must say after a round (slots idle, every block free or the prefix
+    cache's), and the verdict over rounds (failures, leaks, RSS and VRAM drift beyond their tolerances)."""
+    import serve_soak
+
+    idle = {"slots_busy": 0, "requests_processing": 0, "requests_deferred": 0, "kv_cache_busy_cells": 0,
+            "kv_blocks_total": 64, "kv_blocks_free": 8, "prefix_cache_blocks": 56}
+    assert serve_soak.leaks(idle) == []
+    assert serve_soak.leaks({**idle, "kv_blocks_free": 7}) == ["kv blocks: free 7 + prefix cache 56 != total 64"]
+    assert serve_soak.leaks({**idle, "slots_busy": 1}) == ["slots_busy = 1"]
+
+    def rnd(i, rss, vram=None, failures=(), leak=()):
+        return {"round": i, "failures": list(failures), "leaks": list(leak), "rss_mib": rss, "vram_mib": vram}
+
+    assert serve_soak.verdict([rnd(1, 5000.0, 7700.0), rnd(2, 5200.0, 7750.0)]) == ""  # 4% RSS, 50 MiB VRAM
+    assert serve_soak.verdict([rnd(1, 5000.0), rnd(2, 5300.0)]).startswith("RSS moved 5000 -> 5300")
+    assert serve_soak.verdict([rnd(1, 500.0, 100.0), rnd(2, 500.0, 200.0)]).startswith("VRAM moved 100 -> 200")
+    assert serve_soak.verdict([rnd(1, None), rnd(2, None, failures=["x"])]) == "round 2: 1 failed requests"
+    assert "leak" in serve_soak.verdict([rnd(1, None, leak=["slots_busy = 1"])])
+    assert serve_soak.verdict([]) == "no rounds ran"
