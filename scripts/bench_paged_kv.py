@@ -27,27 +27,40 @@ from hybrid.system.sizes import parse_size
 from hybrid.tools.bench import run_bench, tests_from
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def engine_args(description: str, ngl: str = "0", n_gen: int = 128, reps: int = 2,
+                vram_budget: str = "") -> argparse.ArgumentParser:
+    """The flags of a benchmark script that loads one engine and runs llama-bench's pp and tg tests on it (this
+    script's and scripts/gpu_pool_check.py's)."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("-m", "--model", default="demo")
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
-    ap.add_argument("-n", "--n-gen", type=int, default=128)
-    ap.add_argument("-ngl", "--n-gpu-layers", default="0")
+    ap.add_argument("-n", "--n-gen", type=int, default=n_gen)
+    ap.add_argument("-ngl", "--n-gpu-layers", default=ngl)
     ap.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=0)
     ap.add_argument("-t", "--threads", type=int, default=0)
     ap.add_argument("-ctk", "--cache-type-k", default="f16")
     ap.add_argument("-ctv", "--cache-type-v", default="f16")
-    ap.add_argument("--vram-budget", default="")
+    ap.add_argument("--vram-budget", default=vram_budget, help="'' for none")
+    ap.add_argument("-r", "--repetitions", type=int, default=reps)
+    return ap
+
+
+def load(a: argparse.Namespace, n_ctx: int):
+    """(the engine engine_args' flags ask for, with a context of n_ctx, its EngineParams)."""
+    params = EngineParams(n_ctx=n_ctx, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers, type_k=a.cache_type_k,
+                          type_v=a.cache_type_v, op_offload=True, overrides=build_overrides((), False, a.n_cpu_moe),
+                          vram_budget=parse_size(a.vram_budget) if a.vram_budget else None)
+    engine, _ = launch(resolve_model(a.model), params, default_cache_dir(), lambda msg: None)
+    return engine, params
+
+
+def main() -> None:
+    ap = engine_args(__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("-r", "--repetitions", type=int, default=2)
     ap.add_argument("--paired", default="", help="depths for paired decode steps, comma-separated")
     a = ap.parse_args()
     depths = [int(d) for d in a.paired.split(",") if d]
-    params = EngineParams(n_ctx=max([a.n_prompt + a.n_gen, *depths]) + 64, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers,
-                          type_k=a.cache_type_k, type_v=a.cache_type_v, op_offload=True,
-                          vram_budget=parse_size(a.vram_budget) if a.vram_budget else None,
-                          overrides=build_overrides((), False, a.n_cpu_moe))
-    engine, _ = launch(resolve_model(a.model), params, default_cache_dir(), lambda msg: None)
+    engine, params = load(a, max([a.n_prompt + a.n_gen, *depths]) + 64)
     machine = probe_machine()
     print(f"CPU: {machine.cpu_model}, {machine.physical_cores} cores; GPU: "
           f"{', '.join(g.name for g in machine.gpus) or 'none'}; model {a.model}, -ngl {a.n_gpu_layers}, "

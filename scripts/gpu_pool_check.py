@@ -3,7 +3,7 @@
 device allocation counted (cudaMalloc calls and their bytes, through cupy.cuda.memory_hook), with the budget and
 without it, in one process each (the budget is the pool's cap from the load on).
 
-    python3 scripts/gpu_pool_check.py MODEL [-ngl 99] [-ncmoe 0] [--vram-budget 24GiB] [-p 512] [-n 32] [-r 3]
+    python3 scripts/gpu_pool_check.py -m MODEL [-ngl 99] [-ncmoe 0] [--vram-budget 24GiB] [-p 512] [-n 32] [-r 3]
 
 CuPy's pool frees every cached block (cudaFree, which synchronizes the device) and allocates again whenever a new
 block would pass its cap (SingleDeviceMemoryPool._try_malloc), so a budget that leaves the batch's scratch no
@@ -12,16 +12,9 @@ timed runs (after the warm-up) are that. Run it twice, with --vram-budget and wi
 
 from __future__ import annotations
 
-import argparse
-
 import cupy
 
-from hybrid.engine.launch import launch
-from hybrid.engine.params import EngineParams
-from hybrid.model.files import resolve_model
-from hybrid.model.packaged import default_cache_dir
-from hybrid.plan.overrides import build_overrides
-from hybrid.system.sizes import parse_size
+from bench_paged_kv import engine_args, load
 from hybrid.tools.bench import run_bench, tests_from
 
 
@@ -42,20 +35,8 @@ class Counter(cupy.cuda.memory_hook.MemoryHook):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("model")
-    ap.add_argument("-ngl", "--n-gpu-layers", default="99")
-    ap.add_argument("-ncmoe", "--n-cpu-moe", type=int, default=0)
-    ap.add_argument("--vram-budget", default="24GiB")
-    ap.add_argument("-p", "--n-prompt", type=int, default=512)
-    ap.add_argument("-n", "--n-gen", type=int, default=32)
-    ap.add_argument("-r", "--repetitions", type=int, default=3)
-    ap.add_argument("-t", "--threads", type=int, default=0)
-    a = ap.parse_args()
-    params = EngineParams(n_ctx=a.n_prompt + a.n_gen + 64, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers,
-                          op_offload=True, overrides=build_overrides((), False, a.n_cpu_moe),
-                          vram_budget=parse_size(a.vram_budget) if a.vram_budget else None)
-    engine, _ = launch(resolve_model(a.model), params, default_cache_dir(), lambda msg: None)
+    a = engine_args(__doc__.splitlines()[0], ngl="99", n_gen=32, reps=3, vram_budget="24GiB").parse_args()
+    engine, _ = load(a, a.n_prompt + a.n_gen + 64)
     pool = cupy.get_default_memory_pool()
     print(f"budget {a.vram_budget or 'none'}: pool cap {pool.get_limit() / 2**30:.2f} GiB, "
           f"held {pool.total_bytes() / 2**30:.2f} GiB after the load")
