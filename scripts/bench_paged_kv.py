@@ -41,14 +41,16 @@ def engine_args(description: str, ngl: str = "0", n_gen: int = 128, reps: int = 
     ap.add_argument("-ctk", "--cache-type-k", default="f16")
     ap.add_argument("-ctv", "--cache-type-v", default="f16")
     ap.add_argument("--vram-budget", default=vram_budget, help="'' for none")
+    ap.add_argument("-c", "--ctx-size", type=int, default=0, help="the engine's -c (0: what the tests need)")
     ap.add_argument("-r", "--repetitions", type=int, default=reps)
     return ap
 
 
 def load(a: argparse.Namespace, n_ctx: int):
-    """(the engine engine_args' flags ask for, with a context of n_ctx, its EngineParams)."""
-    params = EngineParams(n_ctx=n_ctx, n_threads=a.threads, n_gpu_layers=a.n_gpu_layers, type_k=a.cache_type_k,
-                          type_v=a.cache_type_v, op_offload=True, overrides=build_overrides((), False, a.n_cpu_moe),
+    """(the engine engine_args' flags ask for, with a context of n_ctx (or -c where given), its EngineParams)."""
+    params = EngineParams(n_ctx=max(a.ctx_size, n_ctx), n_threads=a.threads, n_gpu_layers=a.n_gpu_layers,
+                          type_k=a.cache_type_k, type_v=a.cache_type_v, op_offload=True,
+                          overrides=build_overrides((), False, a.n_cpu_moe),
                           vram_budget=parse_size(a.vram_budget) if a.vram_budget else None)
     engine, _ = launch(resolve_model(a.model), params, default_cache_dir(), lambda msg: None)
     return engine, params

@@ -14,7 +14,8 @@ import pytest
 
 from hybrid.backends.cpu import CpuBackend
 from hybrid.system.devices import probe_gpus
-from hybrid.backends.op_offload import MATRIX_ORDER, OP_OFFLOAD_MIN_BATCH, OpOffload, stream_order, wants_offload
+from hybrid.backends.op_offload import (MATRIX_ORDER, OP_OFFLOAD_MIN_BATCH, DecodeChoice, OpOffload, stream_order,
+                                        wants_offload)
 from hybrid.plan.budget import STREAM_PIECE_MAX_BYTES, STREAM_SLOTS, op_offload_bytes, row_pieces, slot_bytes
 from hybrid.plan.placement import GPU_OVERHEAD_BYTES
 from hybrid.tools.synth.model import ModelShape, make_model
@@ -157,6 +158,45 @@ def test_op_offload_streams_pieces_in_order_skips_and_falls_back():
     assert stream.log[-1] == ("close",)
 
 
+def test_batch_within_streams_only_those_layers():
+    gpu, stream, cpu = FakeGpu(), FakeStream(), CpuBackend()
+    off = OpOffload(gpu, cpu, stream)
+    lws = [{"attn_q": _w(f"blk.{i}.attn_q", 2, 34)} for i in range(3)]
+    with off.batch([cpu, cpu, cpu], lws, within=range(1, 3)) as (backends, layers):
+        assert backends[0] is cpu and layers[0] is lws[0]
+        assert backends[1] is backends[2] is off.backend
+        assert [s.nbytes for s in stream.sources] == [68, 68]
+
+
+def test_decode_choice_tries_both_then_keeps_the_faster():
+    dc = DecodeChoice(lo=2, hi=32, trials=2)
+    assert not dc.streamed(1) and dc.streamed(32) and dc.streamed(100)  # not its call: below lo, from hi on
+    cost = {False: 0.010, True: 0.004}  # the stream faster at 8 rows
+    ways = []
+    for _ in range(4):
+        way = dc.streamed(8)
+        ways.append(way)
+        dc.record(8, way, cost[way])
+    assert ways == [False, True, False, True]  # alternating, the CPU first
+    assert dc.decided == {8: True} and all(dc.streamed(8) for _ in range(3))
+    dc.record(8, False, 0.001)  # a decided size records nothing more
+    assert dc.decided == {8: True} and len(dc.times[8, False]) == 2
+    assert dc.streamed(9) and dc.streamed(31)  # the stream's cost does not grow with the rows: larger sizes follow
+    assert dc.known(4) is None  # smaller sizes still try
+    for way in (False, True, False, True):
+        dc.record(4, way, {False: 0.003, True: 0.004}[way])
+    assert dc.decided[4] is False and dc.known(3) is False and dc.known(2) is False and dc.known(6) is None
+    assert dc.describe() == "CPU at 4 rows; streamed at 8 rows"
+
+
+def test_decode_choice_takes_the_best_time_not_the_first():
+    dc = DecodeChoice(trials=3)
+    for way, t in [(False, 0.010), (True, 2.0), (False, 0.011), (True, 0.004), (False, 0.012), (True, 0.005)]:
+        assert dc.streamed(4) == way
+        dc.record(4, way, t)  # the stream's first batch page-locks the weights: slow once
+    assert dc.decided == {4: True}
+
+
 def test_op_offload_releases_the_slot_on_error():
     stream = FakeStream()
     off = OpOffload(FakeGpu(), CpuBackend(), stream)
@@ -293,6 +333,44 @@ def test_prefill_with_op_offload_matches_without(models, arch, ngl):
         assert np.median(kl) < KL_MAX_F16, kl.max()
     else:
         assert kl.max() < KL_MAX_F16, (kl.max(), int(kl.argmax()))
+
+
+@pytest.mark.gpu
+@gpu_only
+@pytest.mark.parametrize("arch", ["llama", "qwen3moe"])
+def test_streamed_decode_batch_matches_the_cpu(models, arch):
+    """A split model's decode steps of 4 paged sequences (one pool, the server's layout), the CPU layers run on the
+    CPU and streamed to the GPU (DecodeChoice forced each way): the same next-token distributions, step by step."""
+    from hybrid.engine import Engine, EngineParams
+    from hybrid.kv.paged import PagedKV
+
+    path = models(arch)
+    eng = Engine.load(path, EngineParams(n_ctx=256, n_gpu_layers="3", op_offload=True))
+    try:
+        assert eng.op_offload is not None and eng._graphs
+        rng = np.random.default_rng(11)
+        prompts = [rng.integers(1, SHAPE.n_vocab, n) for n in (5, 17, 9, 30)]
+        out = {}
+        for streamed in (False, True):
+            eng.op_offload.decode.decided = {n: streamed for n in range(2, 32)}
+            pool = PagedKV(eng.config, eng.backends, 32, 16)
+            seqs = [pool.sequence(64) for _ in prompts]
+            for p, c in zip(prompts, seqs):
+                eng.eval(p, c)
+            toks = [int(p[-1]) for p in prompts]
+            steps = []
+            for _ in range(6):
+                logits = eng.eval_batch([([t], c) for t, c in zip(toks, seqs)])
+                steps.append(log_softmax(np.stack(logits)))
+                toks = [int(l.argmax()) for l in logits]
+            out[streamed] = np.stack(steps)
+        batches = eng.op_offload.batches
+        assert batches >= 6, batches  # every streamed step streamed the CPU layers
+        kl = kl_pos(out[False].reshape(-1, SHAPE.n_vocab), out[True].reshape(-1, SHAPE.n_vocab))
+        assert np.isfinite(out[True]).all()
+        assert (np.median(kl) if arch == "qwen3moe" else kl.max()) < KL_MAX_F16, kl.max()
+    finally:
+        eng.close()
 
 
 @pytest.mark.gpu

@@ -14,6 +14,8 @@ import numpy as np
 
 from hybrid.model.weights import Weight
 
+CPU_ATTENTION_MAX_ROWS = 16  # a ragged batch of at most this many rows attends on the CPU (a decode batch)
+
 
 class OffloadBackend:
     name = "gpu-offload"
@@ -58,6 +60,17 @@ class OffloadBackend:
     def kv_store(self, kv, il: int, k, v, positions) -> None:
         """The new rows go to the layer's cache in host memory, quantized by the CPU as a CPU layer's are."""
         self.cpu.kv_store(kv, il, self.gpu.to_host(k), self.gpu.to_host(v), positions)
+
+    def attend_seqs(self, kv, il: int, q, k, v, positions, scale: float, n_swa: int, sinks=None):
+        """A decode batch's store and attention (a ragged batch of at most CPU_ATTENTION_MAX_ROWS rows) on the CPU,
+        in the host cache itself: its queries, keys and values cross, not the sequences' caches. None (attend's
+        per-sequence calls, uploading the cells) for bigger batches, whose attention is worth the GPU."""
+        if q.shape[0] > CPU_ATTENTION_MAX_ROWS:
+            return None
+        host = self.gpu.to_host
+        o = self.cpu.attend_seqs(kv, il, host(q), host(k), host(v), np.asarray(positions), scale, n_swa,
+                                 None if sinks is None else host(sinks))
+        return self.gpu.from_host(o)
 
     def attention(self, q, kv, il: int, positions, scale: float, n_swa: int, sinks=None):
         """Attention over the host cache: positions [0, max(positions)] uploaded as they are (same ggml rows; a paged

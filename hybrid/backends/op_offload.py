@@ -6,6 +6,10 @@ go through a WeightStream (kernels_gpu.transfer): a ring of STREAM_SLOTS device 
 from pinned chunks, in the order the layers use them (`stream_order`); a matrix larger than a slot streams in
 row pieces. Here: the decision, that order, and OpOffload, which swaps the CPU layers of a batch for the offload
 backend and hands out the streamed pieces (the sizes the plan reserves for it are in hybrid/plan/budget.py).
+
+A decode batch of several sequences (the server's, below llama.cpp's 32 tokens) runs its CPU layers on the CPU or,
+streamed, on the GPU: whichever DecodeChoice measured faster at that batch size on this machine. The CPU's cost
+grows with the rows, the stream's does not (it moves the layers' bytes over PCIe once a step).
 """
 
 from __future__ import annotations
@@ -36,6 +40,56 @@ def wants_offload(n_tokens: int, min_batch: int = OP_OFFLOAD_MIN_BATCH) -> bool:
     return n_tokens >= min_batch
 
 
+class DecodeChoice:
+    """Per decode batch size n (lo <= n < hi): whether its CPU layers run streamed on the GPU, by measurement.
+
+    Until a size is decided, its batches try the two ways in turn (the CPU first), `trials` of each; then the way
+    with the lower best time wins for good. A decided size settles the others without trials: the CPU's time grows
+    with the rows and the stream's does not, so the stream winning at m wins at every n > m, and the CPU winning
+    at m wins at every n < m. Sizes outside [lo, hi) are not its call (streamed: n >= hi)."""
+
+    def __init__(self, lo: int = 2, hi: int = OP_OFFLOAD_MIN_BATCH, trials: int = 3) -> None:
+        self.lo, self.hi, self.trials = lo, hi, trials
+        self.decided: dict[int, bool] = {}
+        self.times: dict[tuple[int, bool], list[float]] = {}
+
+    def streamed(self, n: int) -> bool:
+        """Whether this batch of n rows should run streamed (a trial while n is undecided)."""
+        if n < self.lo or n >= self.hi:
+            return n >= self.hi
+        known = self.known(n)
+        if known is not None:
+            return known
+        return len(self.times.get((n, False), ())) > len(self.times.get((n, True), ()))
+
+    def known(self, n: int) -> bool | None:
+        """The way size n is settled on, by its own trials or by a decided neighbour; None while undecided."""
+        if n in self.decided:
+            return self.decided[n]
+        if any(s and m <= n for m, s in self.decided.items()):
+            return True
+        if any(not s and m >= n for m, s in self.decided.items()):
+            return False
+        return None
+
+    def record(self, n: int, streamed: bool, seconds: float) -> None:
+        """A batch of n rows took `seconds` (the CPU layers' run, to the hidden state on the host)."""
+        if self.known(n) is not None or not self.lo <= n < self.hi:
+            return
+        self.times.setdefault((n, streamed), []).append(seconds)
+        cpu, gpu = self.times.get((n, False), []), self.times.get((n, True), [])
+        if len(cpu) >= self.trials and len(gpu) >= self.trials:
+            self.decided[n] = min(gpu) < min(cpu)
+
+    def describe(self) -> str:
+        """The sizes decided so far: 'streamed from 4 rows' style, for a report."""
+        on = sorted(n for n, s in self.decided.items() if s)
+        off = sorted(n for n, s in self.decided.items() if not s)
+        parts = ([f"CPU at {', '.join(map(str, off))} rows"] if off else []) + (
+            [f"streamed at {', '.join(map(str, on))} rows"] if on else [])
+        return "; ".join(parts) or "undecided"
+
+
 def stream_order(lw: Mapping[str, Weight]) -> list[str]:
     """The keys of lw's 2-D matrices in the order the blocks use them. 3-D expert tensors are left out: which
     experts a batch needs is known only after routing (they are uploaded when asked for)."""
@@ -58,12 +112,14 @@ class OpOffload:
         self.batches = 0  # batches run so far (a count for tests and reports)
         self.streamed_bytes = 0  # weight bytes streamed so far
         self.register_note: str | None = None  # None: not tried yet; "": registered; else why not (staged copies)
+        self.decode = DecodeChoice(hi=min_batch)  # decode batches below min_batch: the CPU or the stream, measured
 
     def describe(self) -> str:
         """Batches run, bytes streamed, and how: DMA straight from page-locked host memory, or staged copies."""
         how = {None: "", "": ", direct from page-locked host memory"}.get(
             self.register_note, f", staged through pinned buffers ({self.register_note})")
-        return f"{self.batches} batches, {format_size(self.streamed_bytes, 2)} streamed{how}"
+        decode = f"; decode batches: {self.decode.describe()}" if self.decode.decided else ""
+        return f"{self.batches} batches, {format_size(self.streamed_bytes, 2)} streamed{how}{decode}"
 
     def wants(self, n_tokens: int) -> bool:
         return wants_offload(n_tokens, self.min_batch)
@@ -72,14 +128,16 @@ class OpOffload:
         return row_pieces(w.raw.shape[0], w.raw.shape[1] * w.raw.itemsize, self.max_piece)
 
     @contextmanager
-    def batch(self, backends: list, layers: list[dict[str, Weight]]) -> Iterator[tuple[list, list]]:
-        """Within: (backends, layers) where each CPU entry is swapped for the offload backend and its weights
-        (1-D ones on the GPU); their matrices stream in stream_order from the start."""
+    def batch(self, backends: list, layers: list[dict[str, Weight]],
+              within: range | None = None) -> Iterator[tuple[list, list]]:
+        """Within: (backends, layers) where each CPU entry (of the layers `within`, default all) is swapped for the
+        offload backend and its weights (1-D ones on the GPU); their matrices stream in stream_order from the
+        start."""
         backends, layers = list(backends), list(layers)
         sources = []
         pending: deque[tuple[str, int, int]] = deque()
         for i, be in enumerate(backends):
-            if not isinstance(be, CpuBackend):
+            if not isinstance(be, CpuBackend) or (within is not None and i not in within):
                 continue
             lw = {k: self._vector(w) if w.raw.ndim == 1 else w for k, w in layers[i].items()}
             backends[i], layers[i] = self.backend, lw

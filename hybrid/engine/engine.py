@@ -6,6 +6,7 @@ token at a time. Per-conversation state (the KV cache) is passed in, never kept 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -432,8 +433,11 @@ class Engine:
         prev = None
         for a, b, be in _runs(backends):  # the hidden state crosses devices once per change (CPU -> GPU in a split)
             x = be.from_host(prev.to_host(x) if prev is not None else x)
-            x = forward.layers(self.spec, self.config, self.weights, backends, range(a, b), x, positions, cache,
-                               layers)
+            if isinstance(be, CpuBackend) and self.op_offload is not None:  # a small batch: the CPU's or streamed
+                x = self._cpu_run(a, b, x, positions, cache)
+            else:
+                x = forward.layers(self.spec, self.config, self.weights, backends, range(a, b), x, positions, cache,
+                                   layers)
             prev = be
         return x, (prev if prev is not None else self.cpu)
 
@@ -486,9 +490,29 @@ class Engine:
             if hasattr(be, "decode_step"):
                 x = be.decode_step((a, b, with_output), {il: cache.layers[il] for il in range(a, b)}, run, x,
                                    cache.n_past, paged=paged)
+            elif self.op_offload is not None and a < b:  # CPU layers: the CPU's or streamed, the output after
+                x = self._cpu_run(a, b, x, positions, kv)
+                x = run_fn(be, b, b, with_output)(x, positions)
             else:
                 x = run(x, positions)
         return forward.softcap(cfg, x)
+
+    def _cpu_run(self, a: int, b: int, x: np.ndarray, positions: np.ndarray, kv) -> np.ndarray:
+        """CPU layers [a, b) over a batch below op offload's threshold: on the CPU, or with the layers' weights
+        streamed to the GPU, as op offload's DecodeChoice measured faster for that many rows (a decode batch of
+        several sequences; one row always runs on the CPU). Timed here, to the hidden state on the host."""
+        off, n = self.op_offload, x.shape[0]
+        streamed = off.decode.streamed(n)
+        t0 = time.perf_counter()
+        if not streamed:
+            h = forward.layers(self.spec, self.config, self.weights, self.backends, range(a, b), x, positions, kv)
+        else:
+            with off.batch(self.backends, self.weights.layers, within=range(a, b)) as (backends, layers):
+                h = forward.layers(self.spec, self.config, self.weights, backends, range(a, b),
+                                   off.backend.from_host(x), positions, kv, layers)
+                h = off.backend.to_host(h)
+        off.decode.record(n, streamed, time.perf_counter() - t0)
+        return h
 
 
 def _ubatches(lengths: list[int], ub: int) -> list[list[tuple[int, int, int]]]:
