@@ -9,7 +9,8 @@
 #                                                 budget and without, at -c 4096 and at the tests' own context, then
 #                                                 hybrid bench and llama-bench (pp512, tg128) with and without the
 #                                                 budget, ROUNDS rounds
-# env: OUT (/tmp/decode_offload), L8B (/tmp/l8b.gguf), MOE (/tmp/qwen3moe-30b-skew.gguf), THREADS (16), ROUNDS (2)
+# env: OUT (/tmp/decode_offload), L8B (/tmp/l8b.gguf), MOE (/tmp/qwen3moe-30b-skew.gguf), THREADS (16), ROUNDS (2),
+#      POOL_RUNS (the pool phase's checks, '-c:budget' words: '4096:24GiB 4096: 0:24GiB 0:')
 set -u
 cd "$(dirname "$0")/.."
 PHASE=${1:-tests}
@@ -48,12 +49,11 @@ split)
     -npl 1,2,4,8,8 2>&1 | tail -n 9
   stamp "done" ;;
 pool)
-  for c in 4096 0; do
-    for budget in 24GiB ""; do
-      stamp "gpu_pool_check -c $c --vram-budget '$budget'"
-      timeout -k 5 150 python3 scripts/gpu_pool_check.py -m "$MODEL" -c "$c" -n 128 --vram-budget "$budget" \
-        -t "$THREADS" 2>&1 | tail -n 3
-    done
+  for run in ${POOL_RUNS:-4096:24GiB 4096: 0:24GiB 0:}; do  # -c:budget ('' none; -c 0: the tests' own context)
+    c=${run%%:*} budget=${run#*:}
+    stamp "gpu_pool_check -c $c --vram-budget '$budget'"
+    timeout -k 5 150 python3 scripts/gpu_pool_check.py -m "$MODEL" -c "$c" -n 128 --vram-budget "$budget" \
+      -t "$THREADS" 2>&1 | tail -n 3
   done
   [[ -x $LBENCH ]] || LBENCH=$(tail -n 1 "$OUT/lbuild.log" 2>/dev/null)
   for round in $(seq 1 "$ROUNDS"); do

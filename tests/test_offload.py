@@ -9,6 +9,8 @@ distributions (KL < 1e-3 at every position).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 import pytest
 
@@ -232,6 +234,86 @@ def test_no_gpu_means_no_offload(tmp_path):
     finally:
         a.close()
         b.close()
+
+
+class FakeStreamed:
+    """Stands in for OffloadBackend: the CPU's own ops, counting the hidden states handed to it."""
+
+    name = "fake-offload"
+
+    def __init__(self, cpu: CpuBackend) -> None:
+        self.cpu, self.runs = cpu, 0
+
+    def from_host(self, x):
+        self.runs += 1
+        return x
+
+    def __getattr__(self, name):
+        return getattr(self.cpu, name)
+
+
+class FakeOff:
+    """An OpOffload whose 'streamed' layers are FakeStreamed (the CPU's kernels): the engine's choice, not a GPU."""
+
+    min_batch = OP_OFFLOAD_MIN_BATCH
+
+    def __init__(self, cpu: CpuBackend, decode: DecodeChoice) -> None:
+        self.backend, self.decode, self.batches = FakeStreamed(cpu), decode, 0
+
+    def wants(self, n: int) -> bool:
+        return wants_offload(n)
+
+    @contextmanager
+    def batch(self, backends, layers, within=None):
+        self.batches += 1
+        yield [self.backend if isinstance(b, CpuBackend) and (within is None or i in within) else b
+               for i, b in enumerate(backends)], layers
+
+    def close(self) -> None:
+        pass
+
+
+class StreamFaster(DecodeChoice):
+    """A DecodeChoice that is told the stream took half the CPU's time (a GPU machine's outcome, without the noise)."""
+
+    def record(self, n: int, streamed: bool, seconds: float) -> None:
+        super().record(n, streamed, 1.0 if streamed else 2.0)
+
+
+def test_engine_runs_small_batches_the_way_decode_choice_says(tmp_path):
+    """eval_batch's steps below the threshold (a 21-row prompt step, then 4-row decode steps) go through op offload's
+    batch when DecodeChoice says so, one trial each way first; the 'streamed' layers here are the CPU's own kernels,
+    so the logits are exactly those of the CPU run, and one row never asks."""
+    pytest.importorskip("numba")
+    from hybrid.engine import Engine, EngineParams
+
+    path = tmp_path / "llama.gguf"
+    make_model(path, "llama", SHAPE, "Q4_K_M", seed=3, threads=1)
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, SHAPE.n_vocab, n) for n in (5, 1, 12, 3)]
+    eng = Engine.load(path, EngineParams(n_ctx=64))
+    try:
+        out = {}
+        for mode in ("cpu", "choice"):
+            eng.op_offload = None if mode == "cpu" else FakeOff(eng.cpu, StreamFaster(trials=1))
+            caches = [eng.new_cache(64) for _ in prompts]
+            steps = [eng.eval_batch(list(zip(prompts, caches)))]
+            for _ in range(4):
+                steps.append(eng.eval_batch([([int(np.argmax(lg))], c) for lg, c in zip(steps[-1], caches)]))
+            alone = eng.new_cache(64)
+            eng.eval(prompts[0][:1], alone)
+            eng.eval([7], alone)  # one row: never the choice's
+            out[mode] = np.stack([np.stack(s) for s in steps])
+        off = eng.op_offload
+        assert off.decode.decided == {4: True}  # 4 rows: the CPU's trial (first), the stream's, then the stream
+        assert len(off.decode.times[21, False]) == 1 and off.decode.known(21)  # the prompt step: a CPU trial, then
+        # settled by the 4 rows' decision (the stream's cost does not grow with the rows)
+        assert off.batches == 3 and off.backend.runs == 3  # decode steps 2-4: one run of the layers each
+        assert set(off.decode.times) == {(21, False), (4, False), (4, True)}
+        np.testing.assert_array_equal(out["cpu"], out["choice"])
+    finally:
+        eng.op_offload = None
+        eng.close()
 
 
 # ---------------------------------------------------------------- on the GPU

@@ -28,6 +28,8 @@ def bench_batched(model: str, params: EngineParams, pps: list[int], tgs: list[in
         for r in run_batched(engine, pps, tgs, bs, p.n_batch):
             rows.append(table_row(r))
             note(f"PP {r.pp}, TG {r.tg}, B {r.b}: S_PP {r.s_pp:.2f} t/s, S_TG {r.s_tg:.2f} t/s")
+        if engine.op_offload is not None:  # how the CPU layers ran: batches streamed, decode sizes decided
+            note(f"op offload: {engine.op_offload.describe()}")
     finally:
         engine.close()
     markdown(rows, print)
