@@ -82,7 +82,7 @@ class DecodeChoice:
             self.decided[n] = min(gpu) < min(cpu)
 
     def describe(self) -> str:
-        """The sizes decided so far: 'streamed from 4 rows' style, for a report."""
+        """The sizes decided so far ('CPU at 2, 4 rows; streamed at 8 rows'), for a report."""
         on = sorted(n for n, s in self.decided.items() if s)
         off = sorted(n for n, s in self.decided.items() if not s)
         parts = ([f"CPU at {', '.join(map(str, off))} rows"] if off else []) + (
