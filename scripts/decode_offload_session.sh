@@ -24,15 +24,8 @@ source scripts/session_lib.sh
 case $PHASE in
 tests)
   if [[ -d .llamacpp && ! -x $LBENCH ]]; then (bash .llamacpp/build.sh build > "$OUT/lbuild.log" 2>&1) & fi
-  [[ -f $L8B ]] || python3 scripts/make_model.py "$L8B" --arch llama --preset llama-8b > "$OUT/make_l8b.log" 2>&1 &
-  [[ -f $MODEL ]] || python3 scripts/make_model.py "$MODEL" $MAKE_ARGS > "$OUT/make_moe.log" 2>&1 &
-  FILES=${TEST_FILES:-tests/test_offload.py tests/test_engine_batch.py tests/test_gpu_paged.py tests/test_split.py}
-  stamp "GPU tests: $FILES"
-  NUMBA_NUM_THREADS=8 timeout -k 5 "${TEST_LIMIT:-420}" python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider \
-    -m gpu $FILES > "$OUT/tests.log" 2>&1
-  stamp "tests rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30; tail -n 1 "$OUT/tests.log"
-  wait
-  stamp "models: $(ls -la "$L8B" "$MODEL" 2>&1 | awk '{print $5, $NF}' | tr '\n' ' ')"
+  tests_beside_models -m gpu ${TEST_FILES:-tests/test_offload.py tests/test_engine_batch.py tests/test_gpu_paged.py \
+    tests/test_split.py}
   stamp "llama-bench: $(tail -n 1 "$OUT/lbuild.log" 2>/dev/null)" ;;
 split)
   stamp "hybrid serve $L8B -ngl 16 -np 8 -c 16384 -t $THREADS"

@@ -20,14 +20,7 @@ TESTS=0
 source scripts/session_lib.sh
 
 if [[ $PHASE == tests ]]; then
-  [[ -f $L8B ]] || python3 scripts/make_model.py "$L8B" --arch llama --preset llama-8b > "$OUT/make_l8b.log" 2>&1 &
-  [[ -f $MODEL ]] || python3 scripts/make_model.py "$MODEL" $MAKE_ARGS > "$OUT/make_moe.log" 2>&1 &
-  stamp "GPU tests: ${TEST_FILES:--m gpu tests}"
-  NUMBA_NUM_THREADS=8 timeout -k 5 "${TEST_LIMIT:-420}" python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider \
-    ${TEST_FILES:--m gpu tests} > "$OUT/tests.log" 2>&1
-  stamp "tests rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30; tail -n 1 "$OUT/tests.log"
-  wait
-  stamp "models: $(ls -la "$L8B" "$MODEL" 2>&1 | awk '{print $5, $NF}' | tr '\n' ' ')"
+  tests_beside_models ${TEST_FILES:--m gpu tests}
   exit 0
 fi
 

@@ -80,3 +80,17 @@ bench_ncmoe() {
   stamp "summary"
   python3 scripts/bench_summary.py "$OUT" --label "-ngl 99 --n-cpu-moe N" | tee "$OUT/summary.md"
 }
+
+# tests_beside_models PYTEST_ARGS...: the Llama-3-8B-shaped model (L8B) and MODEL made in the background (where missing)
+# while pytest runs PYTEST_ARGS (TEST_LIMIT seconds, default 420) into OUT/tests.log; then waits for every background
+# job (a llama.cpp build the caller started too) and says the models' sizes
+tests_beside_models() {
+  [[ -f $L8B ]] || python3 scripts/make_model.py "$L8B" --arch llama --preset llama-8b > "$OUT/make_l8b.log" 2>&1 &
+  [[ -f $MODEL ]] || python3 scripts/make_model.py "$MODEL" $MAKE_ARGS > "$OUT/make_moe.log" 2>&1 &
+  stamp "GPU tests: $*"
+  NUMBA_NUM_THREADS=8 timeout -k 5 "${TEST_LIMIT:-420}" python3 -m pytest -q -rfEs --tb=short -p no:cacheprovider \
+    "$@" > "$OUT/tests.log" 2>&1
+  stamp "tests rc=$?"; grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -30; tail -n 1 "$OUT/tests.log"
+  wait
+  stamp "models: $(ls -la "$L8B" "$MODEL" 2>&1 | awk '{print $5, $NF}' | tr '\n' ' ')"
+}
