@@ -22,6 +22,7 @@ from .module import get_kernel
 
 MATVEC_MAX_TOKENS = 8  # tokens one matvec launch serves (NT templates 1, 2, 4, 8)
 GEMM_MIN_TOKENS = 9  # from here on dequantize + cuBLAS (measured: equal to the matvec at 8 tokens, 2x ahead at 16)
+MMQ_MAX_TOKENS = 64  # up to here a Q8T_MMA_TYPES weight takes the tensor-core kernel (matmul_mmq) instead of the GEMM
 GEMM_CHUNK_ELEMENTS = 1 << 26  # dequantized scratch per chunk: 64 Mi values = 128 MiB of fp16
 MV_WARPS = 8  # warps per CTA in the matvec kernels (MV_WARPS / MVF_WARPS in the .cu files)
 MATVEC_Q8 = True  # default of matmul(q8=None): one-token matvecs of Q8_AUTO types on q8 activations + dp4a
@@ -127,13 +128,21 @@ def uses_q8(type_name: str, n_tok: int, q8: bool | None = None) -> bool:
     return (MATVEC_Q8 and type_name in Q8_AUTO) if q8 is None else q8
 
 
+def uses_mmq(type_name: str, n_tok: int) -> bool:
+    """Whether matmul of n_tok tokens (GEMM_MIN_TOKENS..MMQ_MAX_TOKENS: a prompt chunk beside decoding sequences, a
+    short prompt) multiplies on the tensor cores from the quantized blocks (matmul_mmq) instead of dequantizing the
+    weight for cuBLAS: the weight is read once, in its blocks, and no fp16 copy of it is written and read back."""
+    return GEMM_MIN_TOKENS <= n_tok <= MMQ_MAX_TOKENS and type_name in Q8T_MMA_TYPES
+
+
 def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = None, rpw: int | None = None,
            q8: bool | None = None, q8_act: tuple | None = None):
     """y = x @ W.T with W kept in its raw GGML blocks on the GPU.
 
     w_raw: cupy uint8 (n_out, row_bytes), C-contiguous; x: cupy float32 (n_tok, n_in) or (n_in,);
     out: optional cupy float32 (n_tok, n_out) or (n_out,). Returns y float32 (n_tok, n_out) or (n_out,).
-    path: "auto", "matvec" (chunks of 8 tokens) or "gemm" (dequantize + cuBLAS); wpr: warps per row group,
+    path: "auto", "matvec" (chunks of 8 tokens), "mmq" (tensor cores on 8-bit activations, Q8T_MMA_TYPES, up to
+    MMQ_MAX_TOKENS; auto takes it from GEMM_MIN_TOKENS, uses_mmq) or "gemm" (dequantize + cuBLAS); wpr: warps per row group,
     rpw: rows per warp (one-token matvec of quantized types); None picks them. q8: one token on a Q8_MATVEC type
     goes through 8-bit activations and dp4a (True) or float activations (False); None: MATVEC_Q8 for Q8_AUTO types.
     q8_act: x already quantized by quantize_q8_1 (xq, xm), for callers that multiply one x by several weights.
@@ -155,8 +164,11 @@ def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = 
         return out
     y2 = out.reshape(n_tok, n_out)
     if path == "auto":
-        path = "gemm" if n_tok >= GEMM_MIN_TOKENS else "matvec"
-    if path == "matvec" and uses_q8(type_name, n_tok, q8):
+        path = "matvec" if n_tok < GEMM_MIN_TOKENS else "mmq" if uses_mmq(type_name, n_tok) else "gemm"
+    if path == "mmq":
+        xq, xm = quantize_q8_1(x2) if q8_act is None else q8_act
+        matmul_mmq(w_raw, type_name, xq, xm, y2)
+    elif path == "matvec" and uses_q8(type_name, n_tok, q8):
         xq, xm = quantize_q8_1(x2) if q8_act is None else q8_act
         matvec_q8(w_raw, type_name, xq, xm, y2, wpr, rpw)
     elif path == "matvec" and uses_q8t(type_name, n_tok, q8):
@@ -169,7 +181,7 @@ def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = 
     elif path == "gemm":
         _gemm(k, w_raw, x2, y2, n_in)
     else:
-        raise ValueError(f"path must be 'auto', 'matvec' or 'gemm', found {path!r}")
+        raise ValueError(f"path must be 'auto', 'matvec', 'mmq' or 'gemm', found {path!r}")
     return out
 
 
@@ -388,30 +400,82 @@ def matvec_q8t(w_raw, type_name, xq, xm, y, wpr: int | None = None, rpw: int | N
         raise ValueError(f"matvec_q8t kernel {kernel!r} does not exist for {type_name}")
     if wpr not in (1, 2, 4, 8) or rpw not in (2, 4):
         raise ValueError(f"matvec_q8t takes 2 or 4 rows a warp and 1, 2, 4 or 8 warps a row, found {rpw}, {wpr}")
-    i32 = np.int32
     if kernel == "mma":
-        xq, xm = _q8_mma_pack(xq, xm)
-        grid = -(-(-(-n_out // 16)) // (MV_WARPS // wpr))
-        fn = get_kernel("matvec_q8", f"matvec_mmq_{k.suffix}")
-    else:
-        nt = 2 if n_tok == 2 else 4 if n_tok <= 4 else 8
-        grid = -(-(-(-n_out // rpw)) // (MV_WARPS // wpr))
-        fn = get_kernel("matvec_q8", f"matvec_q8t_{k.suffix}_{nt}_r{rpw}")
+        _mmq_launch(w_raw, k, _q8_mma_pack(xq, xm), y, n_out, n_in, n_tok, wpr)
+        return
+    i32 = np.int32
+    nt = 2 if n_tok == 2 else 4 if n_tok <= 4 else 8
+    grid = -(-(-(-n_out // rpw)) // (MV_WARPS // wpr))
+    fn = get_kernel("matvec_q8", f"matvec_q8t_{k.suffix}_{nt}_r{rpw}")
     fn((grid,), (256,), (w_raw, xq, xm, y, i32(n_out), i32(n_in // k.block_size), i32(n_tok), i32(wpr)))
 
 
-def _q8_mma_pack(xq, xm) -> tuple:
-    """quantize_q8_1's activations of up to 8 tokens in matvec_mmq's layout (q8_mma_pack): (pq int8 (n / 32, 8, 32),
-    pm float32 (n / 32, 8, 2)), one buffer; tokens past n_tok uninitialized (never read into a stored sum)."""
+MMQ_GROUPS = (1, 2, 4, 8)  # column groups of 8 tokens with a compiled tensor-core kernel (matvec_mmq_<type>[_g<G>])
+
+
+def mmq_groups(n_tok: int) -> int:
+    """Column groups of 8 tokens the tensor-core kernel takes for n_tok tokens (the smallest compiled one)."""
+    for g in MMQ_GROUPS:
+        if n_tok <= 8 * g:
+            return g
+    raise ValueError(f"the tensor-core kernel takes up to {8 * MMQ_GROUPS[-1]} tokens, found {n_tok}")
+
+
+def mmq_wpr(n_out: int, n_tok: int) -> int:
+    """Warps a row tile of 16 rows of the tensor-core kernel: 8 (the 2-8 token sweep of scripts/gpu_q8t_check.py),
+    fewer where the tiles alone would fill the GPU several times over."""
+    return 8
+
+
+def matmul_mmq(w_raw, type_name, xq, xm, y, wpr: int | None = None, packed: tuple | None = None) -> None:
+    """y = x W^T for 1..8 x MMQ_GROUPS[-1] tokens of activations quantize_q8_1 made, on the tensor cores (matvec_mmq.cu:
+    a warp's 16 rows of a sub-block unpacked once for every group of 8 tokens): w_raw cupy uint8 (n_out, row_bytes) of
+    a Q8T_MMA_TYPES type, xq cupy int8 (n_tok, n_in), xm cupy float32 (n_tok, n_in / 32, 4), y cupy float32 (n_tok,
+    n_out). wpr: warps a row tile (1, 2, 4 or 8; None: mmq_wpr). packed: the activations already in the kernel's
+    layout (_q8_mma_pack(xq, xm, mmq_groups(n_tok))), for callers that multiply one x by several weights."""
+    if type_name not in Q8T_MMA_TYPES:
+        raise ValueError(f"no tensor-core kernel for {type_name}; it has: {', '.join(Q8T_MMA_TYPES)}")
+    k, n_out, n_in = _check_weight("w_raw", w_raw, type_name)
+    _check("xq", xq, np.int8, (2,))
+    _check("xm", xm, np.float32, (3,))
+    n_tok = xq.shape[0]
+    if xq.shape != (n_tok, n_in) or xm.shape != (n_tok, n_in // Q8_BLOCK, 4):
+        raise ValueError(f"q8 activations of {n_in}: got xq {xq.shape}, xm {xm.shape}")
+    _check("y", y, np.float32, (2,))
+    if y.shape != (n_tok, n_out):
+        raise ValueError(f"tensor-core matmul of {n_tok} tokens x {n_out}x{n_in}: y has shape {y.shape}")
+    wpr = mmq_wpr(n_out, n_tok) if wpr is None else wpr
+    if wpr not in (1, 2, 4, 8):
+        raise ValueError(f"the tensor-core kernel takes 1, 2, 4 or 8 warps a row tile, found {wpr}")
+    if n_tok == 0 or n_out == 0:
+        return
+    groups = mmq_groups(n_tok)
+    _mmq_launch(w_raw, k, _q8_mma_pack(xq, xm, groups) if packed is None else packed, y, n_out, n_in, n_tok, wpr)
+
+
+def _mmq_launch(w_raw, k: GpuKernel, packed: tuple, y, n_out: int, n_in: int, n_tok: int, wpr: int) -> None:
+    groups = mmq_groups(n_tok)
+    grid = -(-(-(-n_out // 16)) // (MV_WARPS // wpr))
+    fn = get_kernel("matvec_q8", f"matvec_mmq_{k.suffix}" + ("" if groups == 1 else f"_g{groups}"))
+    i32 = np.int32
+    fn((grid,), (256,), (w_raw, *packed, y, i32(n_out), i32(n_in // k.block_size), i32(n_tok), i32(wpr)))
+
+
+def _q8_mma_pack(xq, xm, groups: int = 1) -> tuple:
+    """quantize_q8_1's activations of up to 8 x groups tokens in matvec_mmq's layout for T = 8 x groups columns
+    (q8_mma_pack): (pq int8 (n / 32, T, 32), pm float32 (n / 32, T, 2)), one buffer; tokens past n_tok
+    uninitialized (never read into a stored sum)."""
     import cupy  # noqa: PLC0415
 
     n_tok, n = xq.shape
+    t = 8 * groups
     nb = n // Q8_BLOCK
-    buf = cupy.empty(nb * 8 * 32 + nb * 8 * 8, dtype=cupy.uint8)
-    pq, pm = buf[:nb * 256].view(cupy.int8), buf[nb * 256:].view(cupy.float32)
+    buf = cupy.empty(nb * t * 32 + nb * t * 8, dtype=cupy.uint8)
+    pq, pm = buf[:nb * t * 32].view(cupy.int8), buf[nb * t * 32:].view(cupy.float32)
     fn = get_kernel("matvec_q8", "q8_mma_pack")
     words = n_tok * n // 4
-    fn(((words + 255) // 256,), (256,), (xq, xm, pq, pm, np.int32(n), np.int32(n_tok)))
+    if words:
+        fn(((words + 255) // 256,), (256,), (xq, xm, pq, pm, np.int32(n), np.int32(n_tok), np.int32(t)))
     return pq, pm
 
 
@@ -460,7 +524,8 @@ def matmul_many(ws_raw, type_names, x, q8: bool | None = None, q8_act: tuple | N
     or (n_in,). Returns a tuple of new C-contiguous float32 (n_tok, n_out_i) (or (n_out_i,)), as matmul's.
     One token: the weights that take the q8 path (uses_q8 with q8) are grouped by type, and each group of up to
     Q8_MANY is one launch over all their rows on one quantize_q8_1 of x (or q8_act); wpr, rpw apply to those.
-    n_tok >= GEMM_MIN_TOKENS: x goes to fp16 once; with `stack` (None: if their n_out x n_in sum is at most
+    n_tok >= GEMM_MIN_TOKENS: the weights that take the tensor cores (uses_mmq) share one quantize_q8_1 of x and its
+    packing; for the others x goes to fp16 once; with `stack` (None: if their n_out x n_in sum is at most
     GEMM_STACK_ELEMENTS) the quantized weights are dequantized into one fp16 scratch, rows stacked, for one GEMM
     whose columns are then copied out per weight. Anything else: matmul per weight (2..8 tokens on q8 types: on
     one quantize_q8_1 of x for all of them).
@@ -480,7 +545,19 @@ def matmul_many(ws_raw, type_names, x, q8: bool | None = None, q8_act: tuple | N
     n_tok = x2.shape[0]
     ys: list = [None] * len(ws_raw)
     if n_tok >= GEMM_MIN_TOKENS:
-        _gemm_many(ks, ws_raw, x2, ys, n_in, stack)
+        mm = [i for i, t in enumerate(type_names) if n_outs[i] and uses_mmq(t, n_tok)]
+        if mm:  # x quantized and packed once for every tensor-core weight
+            xq, xm = quantize_q8_1(x2) if q8_act is None else q8_act
+            packed = _q8_mma_pack(xq, xm, mmq_groups(n_tok))
+            for i in mm:
+                ys[i] = cupy.empty((n_tok, n_outs[i]), dtype=cupy.float32)
+                matmul_mmq(ws_raw[i], type_names[i], xq, xm, ys[i], packed=packed)
+        rest = [i for i in range(len(ws_raw)) if ys[i] is None]
+        if rest:
+            part: list = [None] * len(rest)
+            _gemm_many([ks[i] for i in rest], [ws_raw[i] for i in rest], x2, part, n_in, stack)
+            for i, y in zip(rest, part):
+                ys[i] = y
     elif n_tok == 1:
         groups: dict[str, list[int]] = {}
         for i, t in enumerate(type_names):

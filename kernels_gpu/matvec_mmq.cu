@@ -45,22 +45,29 @@ __device__ __forceinline__ Q4KHead q4k_head(const uint4& h) {
 }
 __device__ __forceinline__ float byte_f(u32 w, int j) { return (float)((w >> (8 * (j & 3))) & 255u); }
 
-// pq, pm: the activations as q8_mma_pack lays them out ((n_in / 32, 8, 32) int8; (n_in / 32, 8) float2 (d, d * sum)).
-extern "C" __global__ void __launch_bounds__(256) matvec_mmq_q4_k(const u8* __restrict__ w, const i8* __restrict__ pq,
-                                                                 const float4* __restrict__ pm, float* __restrict__ y,
-                                                                 int n_out, int n_blocks, int ntok, int wpr) {
-    __shared__ float red[MMQ_WARPS][4][WARP];
+// pq, pm: the activations as q8_mma_pack lays them out for T = 8 NG token columns ((n_in / 32, T, 32) int8;
+// (n_in / 32, T) float2 (d, d * sum)). NG column groups of 8 tokens: a warp's weight fragments (its 16 rows of a
+// sub-block) are loaded and unpacked once and serve every group, one mma each (NG = 1: 2-8 tokens; NG = 2..8: up to
+// 64 tokens, a prompt chunk beside decoding sequences).
+template <int NG>
+__device__ __forceinline__ void mmq_q4_k_body(const u8* __restrict__ w, const i8* __restrict__ pq,
+                                              const float4* __restrict__ pm, float* __restrict__ y, int n_out,
+                                              int n_blocks, int ntok, int wpr) {
+    constexpr int T = 8 * NG;
+    __shared__ float red[MMQ_WARPS][4 * NG][WARP];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = (blockIdx.x * (MMQ_WARPS / wpr) + warp / wpr) * 16;
     const int sub = warp % wpr;
     const size_t row_bytes = (size_t)n_blocks * 144;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // (row g, token 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
+    float acc[NG][4];  // group q: (row g, token 8q + 2t), (g, 8q + 2t + 1), (g + 8, 8q + 2t), (g + 8, 8q + 2t + 1)
+#pragma unroll
+    for (int q = 0; q < NG; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
     if (row0 < n_out) {
         const u8* wa = w + (size_t)min(row0 + g, n_out - 1) * row_bytes;
         const u8* wb = w + (size_t)min(row0 + g + 8, n_out - 1) * row_bytes;
-        const i8* xg = pq + 32 * g + 8 * t;  // B: token g's bytes 8t..8t + 7 of q8 block k at xg + 256 k
-        const float4* ms = pm + t;          // (d, d * sum) of tokens 2t and 2t + 1 of q8 block k at ms[4 k]
+        const i8* xg = pq + 32 * g + 8 * t;  // B: token 8q + g's bytes 8t..8t + 7 of q8 block k at xg + 32 (T k + 8 q)
+        const float4* ms = pm + t;          // (d, d * sum) of tokens 8q + 2t, + 1 of q8 block k at ms[T / 2 k + 4 q]
         for (int b = sub; b < n_blocks; b += wpr) {
             const u8* ba = wa + (size_t)b * 144;
             const u8* bb = wb + (size_t)b * 144;
@@ -77,50 +84,73 @@ extern "C" __global__ void __launch_bounds__(256) matvec_mmq_q4_k(const u8* __re
                 const int p = j >> 1, sh = 4 * (j & 1);
                 const u32 a[4] = {(qa[p].x >> sh) & 0x0F0F0F0Fu, (qb[p].x >> sh) & 0x0F0F0F0Fu,
                                   (qa[p].y >> sh) & 0x0F0F0F0Fu, (qb[p].y >> sh) & 0x0F0F0F0Fu};
-                const uint2 xv = __ldg((const uint2*)(xg + (size_t)(8 * b + j) * 256));
-                const u32 bx[2] = {xv.x, xv.y};
-                int c[4] = {0, 0, 0, 0};
-                mma_s8_16832(c, a, bx);
-                const float4 v = __ldg(ms + (size_t)(8 * b + j) * 4);  // tokens 2t, 2t + 1: d and d * sum
-                const float d0 = v.x, s0 = v.y, d1 = v.z, s1 = v.w;
                 const float sca = byte_f(j < 4 ? ha.sc_lo : ha.sc_hi, j), ma = byte_f(j < 4 ? ha.m_lo : ha.m_hi, j);
                 const float scb = byte_f(j < 4 ? hb.sc_lo : hb.sc_hi, j), mb = byte_f(j < 4 ? hb.m_lo : hb.m_hi, j);
-                acc[0] += ha.d * (sca * d0 * (float)c[0]) - ha.dmin * (ma * s0);
-                acc[1] += ha.d * (sca * d1 * (float)c[1]) - ha.dmin * (ma * s1);
-                acc[2] += hb.d * (scb * d0 * (float)c[2]) - hb.dmin * (mb * s0);
-                acc[3] += hb.d * (scb * d1 * (float)c[3]) - hb.dmin * (mb * s1);
+                const size_t kb = (size_t)(8 * b + j);
+#pragma unroll
+                for (int q = 0; q < NG; ++q) {
+                    const uint2 xv = __ldg((const uint2*)(xg + (kb * T + 8 * q) * 32));
+                    const u32 bx[2] = {xv.x, xv.y};
+                    int c[4] = {0, 0, 0, 0};
+                    mma_s8_16832(c, a, bx);
+                    const float4 v = __ldg(ms + kb * (T / 2) + 4 * q);  // tokens 8q + 2t, + 1: d and d * sum
+                    const float d0 = v.x, s0 = v.y, d1 = v.z, s1 = v.w;
+                    acc[q][0] += ha.d * (sca * d0 * (float)c[0]) - ha.dmin * (ma * s0);
+                    acc[q][1] += ha.d * (sca * d1 * (float)c[1]) - ha.dmin * (ma * s1);
+                    acc[q][2] += hb.d * (scb * d0 * (float)c[2]) - hb.dmin * (mb * s0);
+                    acc[q][3] += hb.d * (scb * d1 * (float)c[3]) - hb.dmin * (mb * s1);
+                }
             }
         }
     }
     if (wpr > 1) {  // the row tile's wpr warps add up in shared memory (wpr is the same for the whole CTA)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) red[warp][i][lane] = acc[i];
+        for (int q = 0; q < NG; ++q)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) red[warp][4 * q + i][lane] = acc[q][i];
         __syncthreads();
         if (sub != 0) return;
         for (int k = 1; k < wpr; ++k)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) acc[i] += red[warp + k][i][lane];
+            for (int q = 0; q < NG; ++q)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[q][i] += red[warp + k][4 * q + i][lane];
     }
-    const int ra = row0 + g, rb = row0 + g + 8, ta = 2 * t, tb = 2 * t + 1;
-    if (ra < n_out && ta < ntok) y[(size_t)ta * n_out + ra] = acc[0];
-    if (ra < n_out && tb < ntok) y[(size_t)tb * n_out + ra] = acc[1];
-    if (rb < n_out && ta < ntok) y[(size_t)ta * n_out + rb] = acc[2];
-    if (rb < n_out && tb < ntok) y[(size_t)tb * n_out + rb] = acc[3];
+    const int ra = row0 + g, rb = row0 + g + 8;
+#pragma unroll
+    for (int q = 0; q < NG; ++q) {
+        const int ta = 8 * q + 2 * t, tb = ta + 1;
+        if (ra < n_out && ta < ntok) y[(size_t)ta * n_out + ra] = acc[q][0];
+        if (ra < n_out && tb < ntok) y[(size_t)tb * n_out + ra] = acc[q][1];
+        if (rb < n_out && ta < ntok) y[(size_t)ta * n_out + rb] = acc[q][2];
+        if (rb < n_out && tb < ntok) y[(size_t)tb * n_out + rb] = acc[q][3];
+    }
 }
 
-// quantize_q8_1's activations of ntok <= 8 tokens (xq (ntok, n), xm (ntok, n / 32, 4)) in matvec_mmq's layout:
-// pq (n / 32, 8, 32) int8 (token-major within a q8 block) and pm (n / 32, 8, 2) float32 = (d, d * (sum lo + sum hi)),
-// the product matvec_q8t's kernels form. Tokens ntok..7 are left as they are (their sums are never stored).
-// One thread a 4-byte word: i < ntok * n / 4.
+#define MMQ_Q4K_ENTRY(NAME, NG)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* __restrict__ w, const i8* __restrict__ pq,    \
+                                                         const float4* __restrict__ pm, float* __restrict__ y,      \
+                                                         int n_out, int n_blocks, int ntok, int wpr) {             \
+        mmq_q4_k_body<NG>(w, pq, pm, y, n_out, n_blocks, ntok, wpr);                                               \
+    }
+MMQ_Q4K_ENTRY(matvec_mmq_q4_k, 1)
+MMQ_Q4K_ENTRY(matvec_mmq_q4_k_g2, 2)
+MMQ_Q4K_ENTRY(matvec_mmq_q4_k_g4, 4)
+MMQ_Q4K_ENTRY(matvec_mmq_q4_k_g8, 8)
+
+// quantize_q8_1's activations of ntok <= T tokens (xq (ntok, n), xm (ntok, n / 32, 4)) in matvec_mmq's layout for
+// T token columns (T = 8 NG): pq (n / 32, T, 32) int8 (token-major within a q8 block) and pm (n / 32, T, 2) float32 =
+// (d, d * (sum lo + sum hi)), the product matvec_q8t's kernels form. Tokens ntok..T - 1 are left as they are (their
+// sums are never stored). One thread a 4-byte word: i < ntok * n / 4.
 extern "C" __global__ void __launch_bounds__(256) q8_mma_pack(const i8* __restrict__ xq, const float4* __restrict__ xm,
                                                              i8* __restrict__ pq, float2* __restrict__ pm, int n,
-                                                             int ntok) {
+                                                             int ntok, int T) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= ntok * (n / 4)) return;
     const int tok = i / (n / 4), e = 4 * (i % (n / 4)), blk = e / 32;
-    *(u32*)(pq + ((size_t)blk * 8 + tok) * 32 + e % 32) = *(const u32*)(xq + (size_t)tok * n + e);
+    *(u32*)(pq + ((size_t)blk * T + tok) * 32 + e % 32) = *(const u32*)(xq + (size_t)tok * n + e);
     if (e % 32 == 0) {
         const float4 m = xm[(size_t)tok * (n / 32) + blk];
-        pm[(size_t)blk * 8 + tok] = make_float2(m.x, m.x * (m.y + m.z));
+        pm[(size_t)blk * T + tok] = make_float2(m.x, m.x * (m.y + m.z));
     }
 }

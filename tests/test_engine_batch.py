@@ -94,3 +94,14 @@ def test_gpu_ragged_batch_matches_each_sequence_alone(tmp_path, ngl):
         assert worst < 1e-3, worst
     finally:
         engine.close()
+
+
+def test_attention_runs_group_short_sequences_and_keep_chunks_alone():
+    """GpuBackend's attention launches for a ragged batch (no GPU needed to plan them): a prompt chunk of `tiled` rows
+    or more alone (the tiled kernel, its sequence named), each run of consecutive shorter sequences in one launch."""
+    from hybrid.backends.gpu import _attention_runs  # noqa: PLC0415 - the module imports without CuPy
+
+    spans = [(0, 1), (1, 2), (2, 22), (22, 23), (23, 29), (29, 29), (29, 45)]
+    assert _attention_runs(spans, 16) == [(0, 2, None), (2, 22, 2), (22, 29, None), (29, 45, 6)]
+    assert _attention_runs(spans, 100) == [(0, 45, None)]
+    assert _attention_runs([(0, 0)], 16) == []

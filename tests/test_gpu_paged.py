@@ -213,6 +213,44 @@ def test_a_decode_batch_through_the_graphs_gives_each_sequence_its_own_logits(en
     assert all(s.n_past == c.n_past for s, c in zip(seqs, refs))
 
 
+def test_mixed_steps_through_the_graphs_give_each_sequence_its_own_logits(engine):
+    """A server's step with prompt chunks among decoding sequences (one pool): every layer and the output on the GPU,
+    it runs as a CUDA graph per composition (the chunk's attention in the tiled kernel, the other rows' in runs of
+    the decode kernel, only each sequence's last row through the output), replayed at later positions; each
+    sequence gets the logits it gets alone. Split (-ngl 2), the same steps run eagerly."""
+    rng = np.random.default_rng(11)
+    kv, _ = _scrambled_pool(engine, 64)
+    prompts = [[int(t) for t in rng.integers(3, SHAPE.n_vocab, n)] for n in (5, 9, 30)]
+    long_prompt = [int(t) for t in rng.integers(3, SHAPE.n_vocab, 97)]
+    late = [int(t) for t in rng.integers(3, SHAPE.n_vocab, 6)]
+    seqs = [kv.sequence(256) for _ in range(5)]  # A, B, C decode; L takes the long prompt in chunks; M arrives late
+    engine.eval_batch(list(zip(prompts, seqs)))
+    # (sequence, tokens) per step: L's 20-token chunk between decode rows (two runs of the decode kernel), four
+    # times (eager, captured, replayed twice), then L's last 17 beside all three and M's first 6 at the end
+    steps, at = [], 0
+    for _ in range(4):
+        steps.append([(0, [int(rng.integers(3, SHAPE.n_vocab))]), (1, [int(rng.integers(3, SHAPE.n_vocab))]),
+                      (3, long_prompt[at:at + 20]), (2, [int(rng.integers(3, SHAPE.n_vocab))])])
+        at += 20
+    steps.append([(0, [7]), (3, long_prompt[at:]), (1, [8]), (2, [9]), (4, late)])
+    gpu = next(be for be in engine.backends if be.name == "gpu")
+    replays = _replays(gpu)
+    got = [engine.eval_batch([(t, seqs[i]) for i, t in step]) for step in steps]
+    mixed_replays = _replays(gpu) - replays
+    refs = [engine.new_cache(256, paged=False) for _ in range(5)]
+    for p, c in zip(prompts, refs):
+        engine.eval(p, c)
+    for step, g in zip(steps, got):
+        for (i, t), row in zip(step, g):
+            _close(row, engine.eval(t, refs[i]))
+    assert all(s.n_past == c.n_past for s, c in zip(seqs, refs))
+    if all(be is gpu for be in (*engine.backends, engine.output_backend)):
+        assert mixed_replays >= 2, gpu.graph_report()  # the third and fourth 20-token steps
+        assert not gpu.graph_fallback, gpu.graph_report()
+    else:
+        assert mixed_replays == 0  # a split model's mixed steps run eagerly
+
+
 def test_the_paged_scheduler_serves_on_the_gpu_and_gives_every_block_back(engine):
     rng = np.random.default_rng(8)
     prompts = [[int(t) for t in rng.integers(3, SHAPE.n_vocab, n)] for n in (9, 40, 70, 12, 25, 100, 3, 50)]

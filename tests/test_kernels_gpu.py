@@ -21,7 +21,8 @@ from kernels_gpu import ops  # noqa: E402
 from kernels_gpu.attention import attention  # noqa: E402
 from kernels_gpu.kv_cache import alloc_kv_layer, kv_store  # noqa: E402
 from kernels_gpu.matmul import (Q6S_WARPS, Q8_AUTO, Q8_KERNEL, Q8_MATVEC, Q8_STAGED, Q8T_MMA_TYPES,  # noqa: E402
-                                 dequantize, matmul, matvec_q8, matvec_q8t, q8_1_reference, q8t_config, quantize_q8_1)
+                                 dequantize, matmul, matmul_many, matmul_mmq, matvec_q8, matvec_q8t, q8_1_reference,
+                                 q8t_config, quantize_q8_1, uses_mmq)
 from kernels_gpu.module import MODULES, compile_all  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -242,6 +243,36 @@ def test_matvec_q8_several_tokens(name, n_tok):
                     assert err <= 1e-6, (*what, t, err)
         auto = matmul(raw, name, cupy.asarray(x)).get()  # the default path of 2-8 tokens
         assert nmse(auto, ref_matmul_q8(raw.get(), name, x)) < NMSE_MATVEC
+
+
+@pytest.mark.parametrize("name", Q8T_MMA_TYPES)
+@pytest.mark.parametrize("n_tok", [9, 16, 23, 32, 41, 64])
+def test_matmul_mmq(name, n_tok):
+    """The tensor-core kernel over 9-64 tokens (column groups of 8 sharing each unpacked weight fragment), every
+    split of a row tile, against float64 on the q8 activations (within 1e-5 of its largest value, as the 2-8 token
+    kernel); matmul's default path and matmul_many (beside a Q6_K weight, which keeps the GEMM) take it."""
+    rng = np.random.default_rng(zlib.crc32(f"mmq{name}{n_tok}".encode()))
+    for n_out, n_in in [(1, 256), (37, 768), (300, 1280), (4099, 512)]:
+        raw = cupy.asarray(random_weight(name, n_out, n_in, rng))
+        x = rng.standard_normal((n_tok, n_in)).astype(np.float32)
+        xq, xm = quantize_q8_1(cupy.asarray(x))
+        ref = ref_matmul_q8(raw.get(), name, x)
+        for wpr in (None, 1, 2, 4, 8):
+            y = cupy.full((n_tok, n_out), np.nan, dtype=cupy.float32)  # poison: every output must be written
+            matmul_mmq(raw, name, xq, xm, y, wpr=wpr)
+            y = y.get()
+            assert np.isfinite(y).all(), (n_out, n_in, wpr)
+            err = float(np.abs(y - ref).max() / np.abs(ref).max())
+            assert err <= 1e-5, (n_out, n_in, wpr, err)
+        auto = matmul(raw, name, cupy.asarray(x)).get()
+        assert uses_mmq(name, n_tok)
+        assert float(np.abs(auto - ref).max() / np.abs(ref).max()) <= 1e-5
+    q6 = random_weight("Q6_K", 300, 1280, rng)
+    x = rng.standard_normal((n_tok, 1280)).astype(np.float32)
+    raw = random_weight(name, 500, 1280, rng)
+    ya, yb = matmul_many([cupy.asarray(raw), cupy.asarray(q6)], [name, "Q6_K"], cupy.asarray(x))
+    assert float(np.abs(ya.get() - ref_matmul_q8(raw, name, x)).max()) <= 1e-5 * np.abs(ya.get()).max()
+    assert nmse(yb.get(), ref_matmul(q6, "Q6_K", x)) < NMSE_GEMM_F16
 
 
 @pytest.mark.parametrize("name", TYPES)

@@ -108,6 +108,9 @@ class GraphDecoding(Protocol):
         """fn(x (1, n_embd) f32, positions (1,) int32, both on the device) over the layers kv_layers covers;
         captured once per hashable key and replayed; returns fn's result on the host."""
 
+    def gather_rows(self, x, rows):
+        """x[rows] (rows: device int32 indices, read when the kernel runs): a mixed batch's rows for the output."""
+
     def graph_report(self) -> str:
         """How decode steps ran: graphs captured and replayed, or eager launches and why."""
 

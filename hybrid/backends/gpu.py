@@ -94,7 +94,10 @@ class GpuBackend:
         block_size) on the host: the rows' positions, sequences and the sequences' block tables cross with x and
         serve the step's kv_store and attention (a ragged decode batch: one token of each of n sequences); the
         pools' addresses cross in the slots as a cache's do, so a graph serves any pool of that shape (each `run`
-        makes its own, Engine.new_cache). Returns fn's result on the host."""
+        makes its own, Engine.new_cache). A fifth item, last (n_seq,) on the host, makes it a mixed batch (prompt
+        chunks among the sequences, rows ordered by sequence): the rows' composition joins the key, and fn is called
+        as fn(x, positions, rows) with `last` on the device, the rows it keeps for the output. Returns fn's result
+        on the host."""
         from kernels_gpu.graph import GraphRunner  # noqa: PLC0415
 
         from kernels_gpu.kv_cache import PagedArgs  # noqa: PLC0415
@@ -104,18 +107,22 @@ class GpuBackend:
         sig = (tuple(ils), tuple(layer.graph_key for layer in layers))
         ptrs = [p for layer in layers for p in layer.ptrs]
         if paged is not None:
-            pos_h, seq_h, tab_h, bs = paged
+            pos_h, seq_h, tab_h, bs = paged[:4]
+            last_h = paged[4] if len(paged) > 4 else None
             n, shape = len(pos_h), tab_h.shape
-            sig += (("paged", shape, bs),)
-            position = np.concatenate([pos_h, seq_h, tab_h.reshape(-1)]).astype(np.int32)
+            # a mixed batch's composition (each sequence's rows) sets its kernels: part of the key
+            sig += (("paged", shape, bs, None if last_h is None else tuple(np.bincount(seq_h).tolist())),)
+            parts = [pos_h, seq_h, tab_h.reshape(-1)] + ([] if last_h is None else [last_h])
+            position = np.concatenate(parts).astype(np.int32)
 
         def step(xd, pos, slots):
             base = slots.data.ptr  # the caches' (or pools') addresses, read through the slots when the kernels run
             self._slots = {il: (base + 16 * j, base + 16 * j + 8) for j, il in enumerate(ils)}
             if paged is not None:  # positions, sequences and tables from the step's inputs
-                self._paged = PagedArgs(pos[2 * n:].reshape(shape), pos[n:2 * n], bs)
+                end = 2 * n + shape[0] * shape[1]
+                self._paged = PagedArgs(pos[2 * n:end].reshape(shape), pos[n:2 * n], bs)
                 try:
-                    return fn(xd, pos[:n])
+                    return fn(xd, pos[:n]) if last_h is None else fn(xd, pos[:n], pos[end:])
                 finally:
                     self._paged, self._slots = None, {}
             n_tok = xd.shape[0]  # a speculative check's tokens sit at pos, pos + 1, ... (computed on the device)
@@ -363,12 +370,14 @@ class GpuBackend:
         makes it a launch a sequence, each taking the tiled prefill kernel where it can). None for other batches
         (blocks.attend then stores and attends sequence by sequence)."""
         from kernels_gpu.attention import PREFILL_MIN_TOK, attention  # noqa: PLC0415
-        from kernels_gpu.kv_cache import kv_store  # noqa: PLC0415
+        from kernels_gpu.kv_cache import PagedArgs, kv_store  # noqa: PLC0415
 
         paged = self._paged
         if paged is not None:  # a decode step: its tables are inputs of the graph
             self.kv_store(kv.seqs[0].cache, il, k, v, positions)
-            return self.attention(q, kv.seqs[0].cache, il, positions, scale, n_swa, sinks)
+            if all(s.end - s.start < PREFILL_MIN_TOK for s in kv.seqs):
+                return self.attention(q, kv.seqs[0].cache, il, positions, scale, n_swa, sinks)
+            return self._attend_mixed(kv, il, q, positions, scale, n_swa, sinks)
         layers = [s.cache.layers[il] for s in kv.seqs]
         rows = self._batch_rows(kv, layers, positions)
         if rows is None:
@@ -382,10 +391,35 @@ class GpuBackend:
         if max(b - a for a, b in spans) < PREFILL_MIN_TOK:
             return attention(qd, layer, pos, int(p.max()) + 1, scale, n_swa, paged=paged, **extra)
         out = self._cupy.empty((qd.shape[0], qd.shape[1], vd.shape[2]), dtype=self._cupy.float32)
-        for s, (a, b) in enumerate(spans):
-            if a < b:
-                attention(qd[a:b], layer, pos[a:b], int(p[a:b].max()) + 1, scale, n_swa, out=out[a:b],
+        for a, b, s in _attention_runs(spans, PREFILL_MIN_TOK):  # a chunk alone, or a run of short sequences
+            one = paged.one(s) if s is not None else PagedArgs(paged.tables, paged.seq_of[a:b], paged.block_size)
+            attention(qd[a:b], layer, pos[a:b], int(p[a:b].max()) + 1, scale, n_swa, out=out[a:b], paged=one,
+                      **extra)
+        return out
+
+    def _attend_mixed(self, kv, il: int, q, positions, scale: float, n_swa: int, sinks):
+        """Attention of a mixed batch inside a decode step (graph inputs: positions and tables on the device): each
+        run of consecutive short sequences in one launch of the flash-decoding kernel (its rows' own sequences and
+        positions), each prompt chunk of PREFILL_MIN_TOK rows or more in the tiled prefill kernel over its
+        sequence's table, its key range and splits' shares read from the positions on the device (the grid follows
+        the table's size, so one capture serves every position)."""
+        from kernels_gpu.attention import ATTP_D, PREFILL_MIN_TOK, attention, attention_q8  # noqa: PLC0415
+        from kernels_gpu.kv_cache import PagedArgs  # noqa: PLC0415
+
+        paged, layer = self._paged, kv.seqs[0].cache.layers[il]
+        n_kv = paged.width * paged.block_size
+        qd = self._dev(q)
+        tiled = PREFILL_MIN_TOK if qd.shape[2] in ATTP_D else qd.shape[0] + 1  # rows a chunk takes the tiled kernel
+        out = self._cupy.empty(qd.shape, dtype=self._cupy.float32)
+        slots = self._slots.get(il)
+        extra = {} if sinks is None else {"sinks": self._dev(sinks)}
+        for a, b, s in _attention_runs([(r.start, r.end) for r in kv.seqs], tiled):
+            if s is not None:
+                attention(qd[a:b], layer, positions[a:b], n_kv, scale, n_swa, out=out[a:b], slots=slots, prefill=True,
                           paged=paged.one(s), **extra)
+            else:
+                attention_q8(qd[a:b], layer, positions[a:b], n_kv, scale, n_swa, out=out[a:b], dynamic=True,
+                             slots=slots, paged=PagedArgs(paged.tables, paged.seq_of[a:b], paged.block_size), **extra)
         return out
 
     def _batch_rows(self, kv, layers, positions):
@@ -426,6 +460,10 @@ class GpuBackend:
             self._no_capture("a block table from the host")
             self._tables = (key, PagedArgs(self._cupy.asarray(layer.table.reshape(1, -1)), None, layer.block_size))
         return self._tables[1]
+
+    def gather_rows(self, x, rows):
+        """x[rows] as a contiguous array, rows a device int32 array (read when the kernel runs: capturable)."""
+        return self._cupy.take(x, rows, axis=0)
 
     def take_rows(self, x, rows: np.ndarray):
         """x[rows] as a contiguous (len(rows), n) cupy array; rows is a host int64 array."""
@@ -493,3 +531,18 @@ class GpuBackend:
         return moe.moe_ffn(self._dev(h), router, gate, up, down, layer.router, spec.ffn_act, on_route,
                            layer.biases, None if residual is None else self._dev(residual),
                            self._q8_of(h))  # h's q8 quantization where its norm made it (rms_norm_q8)
+
+
+def _attention_runs(spans: list[tuple[int, int]], tiled: int) -> list[tuple[int, int, int | None]]:
+    """A ragged batch's attention launches: (first row, end row, sequence) for each sequence of `tiled` rows or more
+    (the tiled prefill kernel over its table), (first row, end row, None) for each run of consecutive shorter ones
+    (one launch of the decode kernel, each row through its own sequence's table); empty sequences are skipped."""
+    out: list[tuple[int, int, int | None]] = []
+    for i, (a, b) in enumerate(spans):
+        if b - a >= tiled:
+            out.append((a, b, i))
+        elif a < b and out and out[-1][2] is None and out[-1][1] == a:
+            out[-1] = (out[-1][0], b, None)
+        elif a < b:
+            out.append((a, b, None))
+    return out

@@ -47,6 +47,10 @@ Progress = Callable[[str], None] | None
 # A speculative check of at most this many tokens runs through the decode CUDA graphs (one graph per batch size; the
 # GPU's matvec kernels take up to 8 tokens a launch, kernels_gpu.matmul.MATVEC_MAX_TOKENS); a bigger one, eagerly.
 GRAPH_MAX_TOKENS = 8
+# A server step that carries prompt chunks beside decoding sequences (a mixed batch of paged sequences of one pool) runs
+# as one CUDA graph per composition (each sequence's rows) up to this many rows, where one GPU holds every layer and
+# the output: its products take the tensor-core kernel up to kernels_gpu.matmul.MMQ_MAX_TOKENS rows. Bigger, eagerly.
+MIXED_GRAPH_MAX_ROWS = 64
 
 
 @dataclass
@@ -318,8 +322,9 @@ class Engine:
         once for the whole batch), attention per sequence through its own cache (hybrid.kv.batch). Returns, per
         sequence, the last token's logits (n_vocab,) float32, or None where want[i] is False. A single sequence
         takes eval's path (fused forms, CUDA graphs); a decode step of up to GRAPH_MAX_TOKENS paged sequences of
-        one pool (a token each) runs through the GPU's decode graphs, one per batch size; other batches run op by
-        op on the GPU, eagerly."""
+        one pool (a token each) runs through the GPU's decode graphs, one per batch size, and so does a step of such
+        sequences with prompt chunks among them, up to MIXED_GRAPH_MAX_ROWS rows, where one GPU holds every layer and
+        the output (a graph per composition); other batches run op by op, eagerly."""
         want = [True] * len(seqs) if want is None else list(want)
         if len({id(c) for _, c in seqs}) != len(seqs):
             raise HybridError("eval_batch: a KV cache appears twice in one batch")
@@ -330,10 +335,13 @@ class Engine:
             logits = self.eval(toks[0], seqs[0][1])
             return [logits if want[0] else None]
         caches = [c for _, c in seqs]
-        if self._graphs and len(seqs) <= GRAPH_MAX_TOKENS and all(len(t) == 1 for t in toks) and _one_pool(caches):
-            logits = self._decode(np.concatenate(toks), caches, [1] * len(seqs))
-            for c in caches:
-                c.n_past += 1
+        lengths = [len(t) for t in toks]
+        decode = len(seqs) <= GRAPH_MAX_TOKENS and all(n == 1 for n in lengths)
+        if self._graphs and (decode or self._mixed_graph(lengths)) and _one_pool(caches):
+            last = None if decode else np.cumsum(lengths) - 1  # the rows whose logits are computed: each last one
+            logits = self._decode(np.concatenate(toks), caches, lengths, last)
+            for c, n in zip(caches, lengths):
+                c.n_past += n
             return [logits[i] if want[i] else None for i in range(len(seqs))]
         out: list[np.ndarray | None] = [None] * len(seqs)
         for piece in _ubatches([len(t) for t in toks], self.params.n_ubatch):  # [(seq, first, end)] per ubatch
@@ -352,6 +360,14 @@ class Engine:
         for t, (_, cache) in zip(toks, seqs):
             cache.n_past += len(t)
         return out
+
+    def _mixed_graph(self, lengths: list[int]) -> bool:
+        """Whether a batch of sequences of these lengths (some of several tokens) runs as a decode graph: at most
+        MIXED_GRAPH_MAX_ROWS rows, every layer and the output on one GPU backend that replays decode steps."""
+        if sum(lengths) > MIXED_GRAPH_MAX_ROWS or self.op_offload is not None:
+            return False
+        be = self.output_backend
+        return hasattr(be, "decode_step") and all(b is be for b in self.backends)
 
     @property
     def _graphs(self) -> bool:
@@ -456,12 +472,15 @@ class Engine:
         logits = be.to_host(forward.head(be, self.config, output, output_norm, be.from_host(h)))  # (n, n_vocab)
         return forward.softcap(self.config, logits)
 
-    def _decode(self, tokens: np.ndarray, caches: list[KVCache], lengths: list[int]) -> np.ndarray:
+    def _decode(self, tokens: np.ndarray, caches: list[KVCache], lengths: list[int],
+                last: np.ndarray | None = None) -> np.ndarray:
         """A token (or a speculative check's few, GRAPH_MAX_TOKENS at most) at positions cache.n_past.. through the
         layers and the output layer -> logits (n, n_vocab); or, with several caches (paged, of one pool), one token
         of each, stacked (a ragged decode batch). Each run of layers on a GPU (with the output layer when it follows
         them there) is one decode_step of its backend: the hidden states cross to the GPU once, the run replays as
-        a CUDA graph (one per batch size); paged caches send their positions and block tables with them."""
+        a CUDA graph (one per batch size); paged caches send their positions and block tables with them. last: a
+        mixed batch's (every layer and the output on one GPU, Engine._mixed_graph) rows whose logits are computed,
+        one a sequence (their indices cross with the positions): logits (n_seq, n_vocab)."""
         cfg, spec, w = self.config, self.spec, self.weights
         x = forward.embed(self.cpu, spec, cfg, w, np.asarray(tokens, dtype=np.int64))  # (n, n_embd) on the host
         cache = caches[0]
@@ -473,6 +492,8 @@ class Engine:
             seq_of = np.repeat(np.arange(len(caches), dtype=np.int32), lengths)
             tables = np.stack([c.table for c in caches]).astype(np.int32)
             paged = (positions, seq_of, tables, cache.pool_of.block_size)
+            if last is not None:
+                paged += (np.asarray(last, dtype=np.int32),)
         runs = [[be, a, b, False] for a, b, be in _runs(self.backends)]  # [backend, first, end, with the output]
         if runs and runs[-1][0] is self.output_backend:
             runs[-1][3] = True
@@ -480,8 +501,10 @@ class Engine:
             runs.append([self.output_backend, cfg.n_layer, cfg.n_layer, True])
 
         def run_fn(be, a: int, b: int, with_output: bool):
-            def run(h, pos):
+            def run(h, pos, rows=None):  # rows: the device indices of `last` (a mixed batch)
                 h = forward.layers(spec, cfg, w, self.backends, range(a, b), h, pos, kv)
+                if rows is not None:
+                    h = be.gather_rows(h, rows)
                 return forward.head(be, cfg, w.output, w.output_norm, h) if with_output else h
             return run
 
