@@ -4,6 +4,8 @@ Decode (n_tok <= MATVEC_MAX_TOKENS): one matvec kernel per type reads the blocks
 and serves up to 8 tokens (warp-per-row, shuffle reductions). A Q8_MATVEC type (MATVEC_Q8, or the `q8` argument):
 the activations are quantized to 8 bits per 32 (quantize_q8_1) and dotted by dp4a (matvec_q8.cu), one token or,
 through matvec_q8t, up to 8 (the weights loaded once for all of them: a decode batch of several sequences).
+9 to MMQ_MAX_TOKENS tokens of a Q8T_MMA_TYPES weight (a prompt chunk beside decoding sequences): the tensor-core kernel
+of matvec_mmq.cu on q8 activations, the weight read once in its blocks (matmul_mmq).
 Prefill: the weight is dequantized in row chunks into an fp16 scratch, and cuBLAS multiplies fp16 x fp16 with fp32
 accumulation and fp32 output (F32 weights: fp32 GEMM on the raw rows; BF16: an fp32 scratch). One explicit
 `GPU_KERNELS` entry per GGML type. `matmul_many` multiplies one x by several weights (q/k/v, gate/up): one q8

@@ -54,7 +54,8 @@ class ScriptedModel:
         timings = timings if timings is not None else Timings()
         self.started += 1
         self.prompts.append(list(prompt))
-        cache.n_past += len(prompt)
+        cache.reserve(cache.n_past + len(prompt) + max(n_predict, len(self.reply)))  # a paged cache's blocks, as
+        cache.n_past += len(prompt)  # Engine.eval takes them
         timings.prompt_tokens += len(prompt)
         for i, t in enumerate(self.reply):
             if 0 <= n_predict <= i:

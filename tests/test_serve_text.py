@@ -270,3 +270,35 @@ def test_metrics_text_is_prometheus():
     assert got["hybrid_prompt_tokens_total"] == 10 and got["hybrid_prompt_tokens_seconds"] == 20.0
     assert got["hybrid_predicted_tokens_seconds"] == 20.0 and got["hybrid_requests_processing"] == 0
     assert "# TYPE hybrid_requests_total counter" in text
+
+
+def test_prompt_cache_of_a_paged_cache_saves_and_restores_through_the_table(tmp_path):
+    """The -np 1 server's live cache is Engine.new_cache's paged sequence: a conversation saved to RAM and restored
+    into other blocks (its table no longer 0, 1, 2, ...) continues with the logits of a cache that evaluated it."""
+    from hybrid.engine import Engine, EngineParams  # noqa: PLC0415
+    from hybrid.tools.synth.model import ModelShape, make_model  # noqa: PLC0415
+
+    path = tmp_path / "llama.gguf"
+    make_model(path, "llama", ModelShape(n_layer=2, n_embd=128, n_head=4, n_head_kv=2, n_ff=256, n_vocab=512),
+               "Q4_K_M", seed=5, threads=2)
+    engine = Engine.load(path, EngineParams(n_ctx=256))
+    try:
+        pc = PromptCache(engine.new_cache(), ram_bytes=1 << 24)
+        assert pc.cache.paged
+        rng = np.random.default_rng(4)
+        a = [int(t) for t in rng.integers(3, 512, MIN_SAVE_TOKENS + 30)]
+        b = [int(t) for t in rng.integers(3, 512, MIN_SAVE_TOKENS + 5)]
+        assert pc.prepare(a) == 0
+        engine.eval(a, pc.cache)
+        pc.finish(a)
+        assert pc.prepare(b) == 0 and len(pc.saved) == 1  # a saved before b overwrites it
+        pc.cache.release()  # b's rows go to other blocks: the table is no longer the identity
+        engine.eval(b, pc.cache)
+        pc.finish(b)
+        assert list(pc.cache.table[:2]) != [0, 1]
+        assert pc.prepare(a + [7]) == len(a)  # restored from RAM through the table
+        got = engine.eval([7], pc.cache)
+        want = engine.eval(a + [7], engine.new_cache())
+        np.testing.assert_array_equal(got, want)
+    finally:
+        engine.close()

@@ -2,7 +2,8 @@
 after a request, and the next one reuses its longest common token prefix. When a request would overwrite a
 cached conversation, that conversation's K/V rows are first copied to host RAM (bounded by --cache-ram bytes,
 least recently used dropped first), so a client that comes back later gets its prefix restored instead of
-recomputed."""
+recomputed. The live cache is contiguous (a slot of BatchScheduler) or paged (the -np 1 server's Engine.new_cache:
+a pool of its own, rows found through the block table)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hybrid.kv.cache import KVCache
+from kernels_cpu.kv_cache import cache_rows
 
 MIN_SAVE_TOKENS = 64  # shorter states are cheaper to recompute than to keep
 
@@ -35,17 +37,31 @@ class SavedState:
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
 
 
-def _rows_to_host(arr, n: int) -> np.ndarray:
-    rows = arr[:n]
+def _cells(layer, n: int):
+    """Where positions [0, n) of a layer live: a slice of its rows (a contiguous cache), or the cells its block table
+    gives (a paged cache, hybrid.kv.paged: Engine.new_cache's own pool), as an index of the layer's arrays."""
+    if getattr(layer, "table", None) is None:
+        return slice(0, n)
+    cells = cache_rows(layer, np.arange(n, dtype=np.int64))
+    if hasattr(layer.k, "get"):  # a GPU layer: the index on the device too
+        import cupy  # noqa: PLC0415
+
+        return cupy.asarray(cells)
+    return cells
+
+
+def _rows_to_host(arr, cells) -> np.ndarray:
+    rows = arr[cells]
     return rows.get() if hasattr(rows, "get") else rows.copy()  # cupy arrays come back with .get()
 
 
-def _rows_from_host(arr, rows: np.ndarray) -> None:
-    n = rows.shape[0]
+def _rows_from_host(arr, cells, rows: np.ndarray) -> None:
     if hasattr(arr, "get"):
-        arr[:n].set(rows)
+        import cupy  # noqa: PLC0415
+
+        arr[cells] = cupy.asarray(rows)
     else:
-        arr[:n] = rows
+        arr[cells] = rows
 
 
 class PromptCache:
@@ -116,7 +132,8 @@ class PromptCache:
             return
         for k in [k for k in self.saved if key[: len(k)] == k]:  # this one extends a saved state: replace it
             del self.saved[k]
-        state = SavedState(key, [(_rows_to_host(layer.k, n), _rows_to_host(layer.v, n)) for layer in self.cache.layers])
+        state = SavedState(key, [(_rows_to_host(layer.k, c), _rows_to_host(layer.v, c))
+                                 for layer, c in ((layer, _cells(layer, n)) for layer in self.cache.layers)])
         if state.nbytes > self.ram_bytes:
             return
         self.saved[key] = state
@@ -124,7 +141,10 @@ class PromptCache:
             self.saved.popitem(last=False)
 
     def _restore(self, state: SavedState, n: int) -> None:
+        self.cache.reserve(n)  # a paged cache's blocks for the rows (a contiguous one has them)
         for layer, (k, v) in zip(self.cache.layers, state.layers):
-            _rows_from_host(layer.k, k[:n])
-            _rows_from_host(layer.v, v[:n])
+            cells = _cells(layer, n)
+            _rows_from_host(layer.k, cells, k[:n])
+            if layer.v is not layer.k:  # MLA's one [latent | rope key] row is both
+                _rows_from_host(layer.v, cells, v[:n])
         self.saved.move_to_end(state.ids)

@@ -76,5 +76,5 @@ class ServerState:
                                             engine.params.n_ctx // c.n_parallel, c.cache_ram)
             self.prompt_cache = self.scheduler.slots[0].pc
         else:
-            self.prompt_cache = PromptCache(engine.new_cache(paged=False), c.cache_ram)
+            self.prompt_cache = PromptCache(engine.new_cache(), c.cache_ram)  # paged where the backends read tables
         self.engine = engine
