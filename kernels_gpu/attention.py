@@ -28,6 +28,20 @@ PREFILL_SPLIT_MIN_KEYS = 4 * 64  # keys a split at least (4 key tiles)
 ATTP_THREADS = 256  # attn_prefill_d*: 16 x 16 threads
 ATTP_BQ = ATTP_BK = 64  # query rows and keys a tile (ATTP_BQ, ATTP_BK in attention.cu)
 ATTP_D = (64, 128, 192, 256)  # head_dim values of the prefill kernel
+PREFILL_MMA = True  # the prefill kernel of an f16 cache on the tensor cores (attention_mma.cu) where head_dim allows
+ATTM_D = (64, 128)  # head_dim values of attn_mma_d*
+ATTM_THREADS = 128
+ATTM_BQ = ATTM_BK = 64
+
+
+def mma_smem_bytes(d: int) -> int:
+    """Dynamic shared memory of attn_mma_d{d}: the Q and K tiles (rows padded by 8 halves) and V transposed, f16."""
+    return 2 * (ATTM_BQ * (d + 8) + ATTM_BK * (d + 8) + d * (ATTM_BK + 8))
+
+
+def uses_mma(d: int, type_k: str, type_v: str) -> bool:
+    """Whether the tiled prefill of head_dim d over a cache of these types runs on the tensor cores (attn_mma_d*)."""
+    return PREFILL_MMA and d in ATTM_D and type_k == type_v == "f16"
 
 
 def prefill_smem_bytes(d: int) -> int:
@@ -35,9 +49,11 @@ def prefill_smem_bytes(d: int) -> int:
     return 4 * (d * ATTP_BQ + max(d * ATTP_BK, ATTP_BQ * (ATTP_BK + 4)) + ATTP_BK * d)
 
 
-def _prefill_kernel(d: int):
-    fn = get_kernel("attention", f"attn_prefill_d{d}", (("ATTP_D", d),))
-    smem = prefill_smem_bytes(d)
+def _prefill_kernel(d: int, mma: bool = False):
+    if mma:
+        fn, smem = get_kernel("attention", f"attn_mma_d{d}", (("ATTM_D", d),)), mma_smem_bytes(d)
+    else:
+        fn, smem = get_kernel("attention", f"attn_prefill_d{d}", (("ATTP_D", d),)), prefill_smem_bytes(d)
     if fn.max_dynamic_shared_size_bytes < smem:  # past 48 KiB needs the opt-in attribute
         fn.max_dynamic_shared_size_bytes = smem
     return fn, smem
@@ -65,16 +81,16 @@ def _heads_per_cta(group: int, e: int) -> int:
 def attention(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_swa: int = 0, out=None,
               target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK, dynamic: bool = False,
               slots: tuple[int, int] | None = None, prefill: bool | None = None, sinks=None,
-              paged: PagedArgs | None = None, splits: int | None = None):
+              paged: PagedArgs | None = None, splits: int | None = None, mma: bool | None = None):
     """See attention_q8 (this is its output alone)."""
     return attention_q8(q, layer, positions, n_kv, scale, n_swa, out, target_ctas, min_chunk, dynamic, slots,
-                        prefill, sinks, paged=paged, splits=splits)[0]
+                        prefill, sinks, paged=paged, splits=splits, mma=mma)[0]
 
 
 def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, n_swa: int = 0, out=None,
                  target_ctas: int = TARGET_CTAS, min_chunk: int = MIN_CHUNK, dynamic: bool = False,
                  slots: tuple[int, int] | None = None, prefill: bool | None = None, sinks=None, q8: bool = False,
-                 paged: PagedArgs | None = None, splits: int | None = None):
+                 paged: PagedArgs | None = None, splits: int | None = None, mma: bool | None = None):
     """q (n_tok, n_head, head_dim) f32 (cupy) at positions (cupy int32 (n_tok,)) over cache cells [0, n_kv)
     -> (n_tok, n_head, head_dim) f32: softmax(scale q.k) v with causal and sliding-window (n_swa > 0) masks.
     The batch's own K/V must be stored first. head_dim_k must equal head_dim_v (a multiple of 32, <= 256).
@@ -91,7 +107,8 @@ def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, 
     times the block size); with paged.seq_of the tokens may be of several sequences, each attending to its own
     keys (the decode kernel only: a prefill kernel's tile holds one sequence). splits: the prefill kernel's key
     splits (None: more than one only when its row tiles x KV heads are fewer than PREFILL_SPLIT_CTAS, up to
-    target_ctas CTAs, PREFILL_SPLIT_MIN_KEYS keys a split at least)."""
+    target_ctas CTAs, PREFILL_SPLIT_MIN_KEYS keys a split at least). mma: the prefill kernel on the tensor cores
+    (attn_mma_d*: f16 cache, head_dim in ATTM_D; None: uses_mma)."""
     import cupy  # noqa: PLC0415
 
     if not isinstance(q, cupy.ndarray) or q.dtype != cupy.float32 or q.ndim != 3:
@@ -129,7 +146,11 @@ def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, 
         raise ValueError(f"attention: the prefill kernel needs head_dim in {ATTP_D} and one sequence, found {d}"
                          f"{' and a ragged batch' if ragged else ''}")
     if prefill:
-        fn, smem = _prefill_kernel(d)
+        mma = uses_mma(d, layer.type_k, layer.type_v) if mma is None else mma
+        if mma and not (d in ATTM_D and layer.type_k == layer.type_v == "f16"):
+            raise ValueError(f"attention: the tensor-core prefill kernel needs head_dim in {ATTM_D} and an f16 cache, "
+                             f"found {d}, {layer.type_k}/{layer.type_v}")
+        fn, smem = _prefill_kernel(d, mma)
         group = n_head // n_head_kv
         n_tiles = -(-(n_tok * group) // ATTP_BQ)
         if splits is None:
@@ -137,11 +158,17 @@ def attention_q8(q, layer: GpuKVCacheLayer, positions, n_kv: int, scale: float, 
             if n_tiles * n_head_kv < PREFILL_SPLIT_CTAS:
                 splits = max(1, min(-(-target_ctas // (n_tiles * n_head_kv)), n_kv // PREFILL_SPLIT_MIN_KEYS))
         part_ms, part_acc = _partials(n_tok * n_head, splits, d)
-        fn((n_tiles, n_head_kv, splits), (ATTP_THREADS,),
-           (q, kc, vc, positions, out, i32(n_tok), i32(n_head), i32(n_head_kv), i32(kv_type_code(layer.type_k)),
-            i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]), i32(layer.v.shape[2]), i32(n_kv),
-            np.float32(scale), i32(n_swa), i32(slots is not None), sink_ptr, tables[0], tables[3], i32(splits),
-            part_ms, part_acc), shared_mem=smem)
+        if mma:
+            fn((n_tiles, n_head_kv, splits), (ATTM_THREADS,),
+               (q, kc, vc, positions, out, i32(n_tok), i32(n_head), i32(n_head_kv), i32(layer.k.shape[2]),
+                i32(layer.v.shape[2]), i32(n_kv), np.float32(scale), i32(n_swa), i32(slots is not None), sink_ptr,
+                tables[0], tables[3], i32(splits), part_ms, part_acc), shared_mem=smem)
+        else:
+            fn((n_tiles, n_head_kv, splits), (ATTP_THREADS,),
+               (q, kc, vc, positions, out, i32(n_tok), i32(n_head), i32(n_head_kv), i32(kv_type_code(layer.type_k)),
+                i32(kv_type_code(layer.type_v)), i32(layer.k.shape[2]), i32(layer.v.shape[2]), i32(n_kv),
+                np.float32(scale), i32(n_swa), i32(slots is not None), sink_ptr, tables[0], tables[3], i32(splits),
+                part_ms, part_acc), shared_mem=smem)
         n_splits = splits
     else:
         e = d // 32

@@ -24,7 +24,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "matvec_float": ("common.cu", "matvec_float.cu", "matvec_float_entries.cu"),
     "ops": ("common.cu", "ops.cu"),
     "kv": ("common.cu", "kv.cu"),
-    "attention": ("common.cu", "attention.cu"),
+    "attention": ("common.cu", "attention.cu", "attention_mma.cu"),
     "moe": ("common.cu", "matvec_float.cu", "moe.cu"),  # moe_router_route: the float matvec's body
     "moe_cache": ("common.cu", "moe_cache.cu"),
     "unrepack": ("common.cu", "unrepack.cu"),
@@ -80,7 +80,7 @@ def get_kernel(module: str, kernel: str, defines: tuple[tuple[str, int], ...] = 
 # variants compiled by compile_all() besides each module's default build (attention: one kernel per variant)
 CHECK_VARIANTS: dict[str, tuple[tuple[tuple[str, int], ...], ...]] = {
     "attention": ((("ATT_E", 4), ("ATT_HPC", 4)), (("ATT_E", 8), ("ATT_HPC", 4)), (("ATT_E", 3), ("ATT_HPC", 8)),
-                  (("ATTP_D", 128),), (("ATTP_D", 256),)),
+                  (("ATTP_D", 128),), (("ATTP_D", 256),), (("ATTM_D", 64),), (("ATTM_D", 128),)),
     **{m: ((("MOE_MMA", 1),),) for m in ("matvec_legacy", "matvec_k", "matvec_iq")},  # moe_mma.cu's entries
 }
 

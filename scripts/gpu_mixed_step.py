@@ -37,8 +37,8 @@ def main() -> None:
     depths = [int(x) for x in a.depths.split(",")]
     chunks = [int(x) for x in a.chunks.split(",")]
     cap = max(depths) + max(chunks) + 64
-    kv = PagedKV(e.config, e.backends, (a.streams * 256 + cap) // 64 + 8, 64, e.params.type_k, e.params.type_v)
-    streams = [kv.sequence(256) for _ in range(a.streams)]
+    kv = PagedKV(e.config, e.backends, (a.streams * 256 + 2 * cap) // 64 + 16, 64, e.params.type_k, e.params.type_v)
+    streams = [kv.sequence(cap) for _ in range(a.streams)]  # one table width: a server's slots (Engine._one_pool)
     e.eval_batch([(rng.integers(3, e.config.n_vocab, 64), s) for s in streams])
     long = kv.sequence(cap)
     toks = rng.integers(3, e.config.n_vocab, cap)
@@ -64,20 +64,23 @@ def main() -> None:
     solo = 1000 * (time.perf_counter() - t0) / a.steps
     print(f"decode step of {a.streams} streams alone: {solo:.2f} ms")
     import hybrid.engine.engine as ke  # noqa: PLC0415
+    import kernels_gpu.attention as ka  # noqa: PLC0415
     import kernels_gpu.matmul as km  # noqa: PLC0415
 
-    # (name, mixed-graph rows, tensor-core rows): the step eager with every chunk product on dequantize + GEMM (the
-    # design before mixed graphs), as a CUDA graph with GEMM, and as a graph with the tensor-core kernel (default)
-    configs = [("eager, GEMM", 0, 0), ("graph, GEMM", ke.MIXED_GRAPH_MAX_ROWS, 0),
-               ("graph, mmq", ke.MIXED_GRAPH_MAX_ROWS, km.MMQ_MAX_TOKENS)]
-    print("| depth | chunk | " + " | ".join(f"{n} ms" for n, _, _ in configs) + " | default / decode step | "
+    # (name, mixed-graph rows, tensor-core matmul rows, tensor-core prefill attention): the step eager with the chunk's
+    # products on dequantize + GEMM and the fp32 tiled attention (the design before mixed graphs), as a CUDA graph
+    # with the tensor-core products, and with the tensor-core attention too (the default)
+    configs = [("eager, GEMM, fp32 attention", 0, 0, False),
+               ("graph, mmq, fp32 attention", ke.MIXED_GRAPH_MAX_ROWS, km.MMQ_MAX_TOKENS, False),
+               ("graph, mmq, mma attention", ke.MIXED_GRAPH_MAX_ROWS, km.MMQ_MAX_TOKENS, True)]
+    print("| depth | chunk | " + " | ".join(f"{c[0]} ms" for c in configs) + " | default / decode step | "
           "chunk tokens/s |")
     print("|---" * (len(configs) + 4) + "|")
     for d in depths:
         for c in chunks:
             row = []
-            for _, graph_rows, mmq_rows in configs:
-                ke.MIXED_GRAPH_MAX_ROWS, km.MMQ_MAX_TOKENS = graph_rows, mmq_rows
+            for _, graph_rows, mmq_rows, mma in configs:
+                ke.MIXED_GRAPH_MAX_ROWS, km.MMQ_MAX_TOKENS, ka.PREFILL_MMA = graph_rows, mmq_rows, mma
                 for _ in range(2):  # eager, then captured (the graph's first replay comes next)
                     step(d, c)
                 t0 = time.perf_counter()
@@ -87,6 +90,17 @@ def main() -> None:
             ms = row[-1]
             print(f"| {d} | {c} | " + " | ".join(f"{x:.1f}" for x in row) + f" | {ms / solo:.1f} | "
                   f"{c * 1000 / ms:.0f} |", flush=True)
+    for mma in (False, True):  # the unchunked prompt with each attention kernel
+        ka.PREFILL_MMA = mma
+        other = kv.sequence(cap)
+        e.eval(toks[:256], other)  # warm
+        other.release()
+        t0 = time.perf_counter()
+        e.eval(toks[: max(depths)], other)
+        t_pp = time.perf_counter() - t0
+        other.release()
+        print(f"unchunked prefill of {max(depths)} tokens, {'tensor-core' if mma else 'fp32'} attention: "
+              f"{t_pp:.2f} s, {max(depths) / t_pp:.0f} tokens/s")
     gpu = next((be for be in e.backends if hasattr(be, "graph_report")), None)
     if gpu is not None:
         print(gpu.graph_report())
@@ -104,6 +118,28 @@ def main() -> None:
     s = io.StringIO()
     pstats.Stats(pr, stream=s).sort_stats("cumulative").print_stats(a.profile_rows)
     print(s.getvalue())
+
+
+def gpu_us(fn, reps: int = 20) -> float:
+    """GPU microseconds of one fn() (kernel launches only): reps calls captured as one CUDA graph, replayed."""
+    import cupy  # noqa: PLC0415
+
+    st = cupy.cuda.Stream(non_blocking=True)
+    with st:
+        fn()  # compiles, fills the memory pool
+        st.synchronize()
+        st.begin_capture()
+        for _ in range(reps):
+            fn()
+        g = st.end_capture()
+        g.launch(st)
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record(st)
+        for _ in range(3):
+            g.launch(st)
+        end.record(st)
+        end.synchronize()
+    return 1000 * cupy.cuda.get_elapsed_time(start, end) / (3 * reps)
 
 
 def matmul_times(e, rng) -> None:
@@ -132,14 +168,10 @@ def matmul_times(e, rng) -> None:
         row = []
         for n, path in sizes:
             x = cupy.asarray(rng.standard_normal((n, w.raw.shape[1] // k.type_size * k.block_size), dtype=np.float32))
-            matmul(w.raw, w.type_name, x, path=path)
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record()
-            for _ in range(20):
-                matmul(w.raw, w.type_name, x, path=path)
-            end.record()
-            end.synchronize()
-            row.append(f"{1000 * cupy.cuda.get_elapsed_time(start, end) / 20:.1f}")
+            try:
+                row.append(f"{gpu_us(lambda: matmul(w.raw, w.type_name, x, path=path)):.1f}")
+            except Exception as exc:  # noqa: BLE001 - a path that cannot be captured: said, not timed
+                row.append(f"n/a ({type(exc).__name__})")
         print(f"| {il}.{name} {w.type_name} {tuple(w.shape)} | " + " | ".join(row) + " |")
 
 

@@ -18,6 +18,7 @@ from gguf_io.quantize_ref import quantize_q4_0, quantize_q8_0  # noqa: E402
 from gguf_io.quants import QUANTS  # noqa: E402
 from kernels_gpu import GPU_KERNELS  # noqa: E402
 from kernels_gpu import ops  # noqa: E402
+from kernels_gpu import attention as att  # noqa: E402
 from kernels_gpu.attention import attention  # noqa: E402
 from kernels_gpu.kv_cache import alloc_kv_layer, kv_store  # noqa: E402
 from kernels_gpu.matmul import (Q6S_WARPS, Q8_AUTO, Q8_KERNEL, Q8_MATVEC, Q8_STAGED, Q8T_MMA_TYPES,  # noqa: E402
@@ -41,6 +42,7 @@ NMSE_ROPE_SMALL_POS = 5e-8  # float32 angles vs exact float64 angles, positions 
 NMSE_ROPE_BIG_POS = 1e-5  # near position 30000
 NMSE_ACT = 1e-12
 NMSE_ATTN = 1e-9  # vs float64 attention over the values the cache holds
+NMSE_ATTN_MMA = 2e-6  # the tensor-core prefill kernel: q and the probabilities rounded to f16 (11-bit mantissas)
 NMSE_VS_CPU_QUANT = 5e-4  # GPU (f32 activations) vs CPU (q8 activations) matmul on quantized weights
 NMSE_VS_CPU = 1e-8
 NMSE_ENGINE_VS_CPU_QUANT = 5e-3  # logits after 2 layers: the CPU's q8 activations at every matmul add up (~1e-3)
@@ -515,7 +517,8 @@ def test_attention(type_k, type_v, hd, group):
     chunk = np.arange(300, 333, dtype=np.int32)  # a batch after earlier cells
     for pos, n_swa in ((decode, 0), (prefill, 0), (chunk, 0), (chunk, 50), (decode, 100)):
         err = _attention_case(type_k, type_v, hd, n_head, n_head_kv, pos, n_swa, rng)
-        assert err < NMSE_ATTN, (pos[0], len(pos), n_swa, err)
+        mma = len(pos) >= att.PREFILL_MIN_TOK and att.uses_mma(hd, type_k, type_v)  # the default kernel's rounding
+        assert err < (NMSE_ATTN_MMA if mma else NMSE_ATTN), (pos[0], len(pos), n_swa, err)
 
 
 @pytest.mark.parametrize("hd,n_head,n_head_kv", [(32, 4, 1), (96, 14, 2), (192, 16, 1), (128, 28, 4), (128, 64, 4)])
@@ -525,8 +528,10 @@ def test_attention_odd_groups_and_dims(hd, n_head, n_head_kv):
         assert _attention_case("f16", "q8_0", hd, n_head, n_head_kv, pos, n_swa, rng) < NMSE_ATTN
 
 
-def _prefill_case(type_k, type_v, hd, n_head, n_head_kv, pos, n_swa, rng, prefill, splits=None):
-    """nmse of the forced kernel vs float64 on a cache filled over [0, max(pos) + 8)."""
+def _prefill_case(type_k, type_v, hd, n_head, n_head_kv, pos, n_swa, rng, prefill, splits=None, mma=False,
+                  sinks=None):
+    """nmse of the forced kernel (the fp32 tiled one unless mma) vs float64 on a cache filled over [0, max(pos) + 8);
+    with sinks, against the fp32 kernel's output instead."""
     n_ctx = int(pos.max()) + 8
     layer = alloc_kv_layer(n_ctx, n_head_kv, hd, hd, type_k, type_v)
     k = rng.standard_normal((n_ctx, n_head_kv, hd)).astype(np.float32)
@@ -535,12 +540,40 @@ def _prefill_case(type_k, type_v, hd, n_head, n_head_kv, pos, n_swa, rng, prefil
     q = rng.standard_normal((len(pos), n_head, hd)).astype(np.float32)
     scale = 1.0 / np.sqrt(hd)
     out = cupy.full((len(pos), n_head, hd), np.nan, dtype=cupy.float32)
+    extra = {} if sinks is None else {"sinks": cupy.asarray(sinks)}
     y = attention(cupy.asarray(q), layer, cupy.asarray(pos), int(pos.max()) + 1, scale, n_swa, out=out,
-                  prefill=prefill, splits=splits).get()
-    ref = ref_attention(q, _ref_rows(layer.k.get(), type_k, hd), _ref_rows(layer.v.get(), type_v, hd), pos,
-                        scale, n_swa)
+                  prefill=prefill, splits=splits, mma=mma, **extra).get()
+    if sinks is not None:
+        ref = attention(cupy.asarray(q), layer, cupy.asarray(pos), int(pos.max()) + 1, scale, n_swa, prefill=prefill,
+                        splits=1, mma=False, **extra).get()
+    else:
+        ref = ref_attention(q, _ref_rows(layer.k.get(), type_k, hd), _ref_rows(layer.v.get(), type_v, hd), pos,
+                            scale, n_swa)
     assert np.isfinite(y).all()
     return nmse(y, ref)
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("n_head,n_head_kv", [(8, 2), (4, 2), (7, 1), (6, 6), (32, 8)])
+def test_attention_prefill_mma(hd, n_head, n_head_kv):
+    """The tensor-core prefill kernel (f16 cache) vs float64: from position 0, after a prefix, windows, odd row
+    counts, gaps (tiles with unseen keys), split key ranges (a chunk late in a context), and with sinks against the
+    fp32 kernel; q and the probabilities are rounded to f16 (NMSE_ATTN_MMA)."""
+    rng = np.random.default_rng(hd * 11 + n_head)
+    cases = ((np.arange(0, 16, dtype=np.int32), 0), (np.arange(37, 137, dtype=np.int32), 0),
+             (np.arange(37, 137, dtype=np.int32), 50), (np.arange(3, 20, dtype=np.int32), 5),
+             (np.array([0, 1, 5, 9, 64, 65, 66, 130], dtype=np.int32), 0), (np.arange(1500, 1560, dtype=np.int32), 0))
+    for pos, n_swa in cases:
+        for splits in (1, 5, 16):
+            err = _prefill_case("f16", "f16", hd, n_head, n_head_kv, pos, n_swa, rng, True, splits, mma=True)
+            assert err < NMSE_ATTN_MMA, (hd, pos[0], len(pos), n_swa, splits, err)
+    sinks = rng.standard_normal(n_head).astype(np.float32)
+    for splits in (1, 7):
+        err = _prefill_case("f16", "f16", hd, n_head, n_head_kv, np.arange(40, 100, dtype=np.int32), 0, rng, True,
+                            splits, mma=True, sinks=sinks)
+        assert err < NMSE_ATTN_MMA, (hd, splits, err)
+    with pytest.raises(ValueError, match="tensor-core"):
+        _prefill_case("q8_0", "q8_0", hd, n_head, n_head_kv, np.arange(0, 16, dtype=np.int32), 0, rng, True, mma=True)
 
 
 @pytest.mark.parametrize("type_k,type_v", KV_PAIRS)
@@ -584,15 +617,18 @@ def test_attention_prefill_splits_auto_and_sinks():
              cupy.asarray(rng.standard_normal((n_ctx, 2, hd)), cupy.float32))
     pos = cupy.arange(n_ctx - 32, n_ctx, dtype=cupy.int32)
     q = cupy.asarray(rng.standard_normal((32, 8, hd)), cupy.float32)
-    auto = attention(q, layer, pos, n_ctx, 0.1).get()
     n_tiles = -(-32 * 4 // att.ATTP_BQ) * 2  # row tiles x KV heads: 4 CTAs
     want = min(-(-att.TARGET_CTAS // n_tiles), n_ctx // att.PREFILL_SPLIT_MIN_KEYS)
-    np.testing.assert_array_equal(auto, attention(q, layer, pos, n_ctx, 0.1, prefill=True, splits=want).get())
-    assert nmse(auto, attention(q, layer, pos, n_ctx, 0.1, prefill=True, splits=1).get()) < 1e-12
-    sinks = cupy.asarray(rng.standard_normal(8), cupy.float32)
-    one = attention(q, layer, pos, n_ctx, 0.1, prefill=True, splits=1, sinks=sinks).get()
-    split = attention(q, layer, pos, n_ctx, 0.1, prefill=True, splits=7, sinks=sinks).get()
-    assert nmse(split, one) < 1e-12
+    for mma in (False, True):  # the fp32 kernel, then the tensor cores' (f16 probabilities: each split its own max)
+        tol = NMSE_ATTN_MMA if mma else 1e-12
+        auto = attention(q, layer, pos, n_ctx, 0.1, mma=mma).get()
+        np.testing.assert_array_equal(auto, attention(q, layer, pos, n_ctx, 0.1, prefill=True, splits=want,
+                                                      mma=mma).get())
+        assert nmse(auto, attention(q, layer, pos, n_ctx, 0.1, prefill=True, splits=1, mma=mma).get()) < tol
+        sinks = cupy.asarray(rng.standard_normal(8), cupy.float32)
+        one = attention(q, layer, pos, n_ctx, 0.1, prefill=True, splits=1, sinks=sinks, mma=mma).get()
+        split = attention(q, layer, pos, n_ctx, 0.1, prefill=True, splits=7, sinks=sinks, mma=mma).get()
+        assert nmse(split, one) < tol
 
 
 def test_attention_prefill_is_auto_above_threshold():
@@ -609,7 +645,9 @@ def test_attention_prefill_is_auto_above_threshold():
     new = attention(q, layer, p, 64, 0.1, prefill=True).get()
     old = attention(q, layer, p, 64, 0.1, prefill=False).get()
     np.testing.assert_array_equal(auto, new)
-    assert nmse(new, old) < 1e-12
+    assert att.uses_mma(128, "f16", "f16")  # the default for an f16 cache: the tensor cores
+    assert nmse(new, old) < NMSE_ATTN_MMA
+    assert nmse(attention(q, layer, p, 64, 0.1, prefill=True, mma=False).get(), old) < 1e-12
     with pytest.raises(ValueError, match="prefill kernel"):
         attention(cupy.zeros((16, 4, 96), cupy.float32), alloc_kv_layer(32, 2, 96), p, 32, 0.1, prefill=True)
 
@@ -710,10 +748,11 @@ def test_backend_attention_vs_cpu(backends, type_kv):
         gpu.kv_store(kv_g, 0, gpu.from_host(k), gpu.from_host(v), pos)
         np.testing.assert_array_equal(gpu.to_host(kv_g.layers[0].k), kv_c.layers[0].k)
         np.testing.assert_array_equal(gpu.to_host(kv_g.layers[0].v), kv_c.layers[0].v)
+        mma = len(pos) >= att.PREFILL_MIN_TOK and att.uses_mma(hd, type_kv, type_kv)  # f16 q and probabilities
         for n_swa in (0, 8):
             y_c = cpu.attention(q, kv_c, 0, pos, 0.088, n_swa)
             y_g = gpu.to_host(gpu.attention(gpu.from_host(q), kv_g, 0, pos, 0.088, n_swa))
-            assert nmse(y_g, y_c) < NMSE_VS_CPU
+            assert nmse(y_g, y_c) < (NMSE_ATTN_MMA if mma else NMSE_VS_CPU)
 
 
 def test_backend_transfers(backends):
