@@ -144,8 +144,8 @@ def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = 
     w_raw: cupy uint8 (n_out, row_bytes), C-contiguous; x: cupy float32 (n_tok, n_in) or (n_in,);
     out: optional cupy float32 (n_tok, n_out) or (n_out,). Returns y float32 (n_tok, n_out) or (n_out,).
     path: "auto", "matvec" (chunks of 8 tokens), "mmq" (tensor cores on 8-bit activations, Q8T_MMA_TYPES, up to
-    MMQ_MAX_TOKENS; auto takes it from GEMM_MIN_TOKENS, uses_mmq) or "gemm" (dequantize + cuBLAS); wpr: warps per row group,
-    rpw: rows per warp (one-token matvec of quantized types); None picks them. q8: one token on a Q8_MATVEC type
+    MMQ_MAX_TOKENS; auto takes it from GEMM_MIN_TOKENS, uses_mmq) or "gemm" (dequantize + cuBLAS); wpr: warps per row
+    group, rpw: rows per warp (one-token matvec of quantized types); None picks them. q8: one token on a Q8_MATVEC type
     goes through 8-bit activations and dp4a (True) or float activations (False); None: MATVEC_Q8 for Q8_AUTO types.
     q8_act: x already quantized by quantize_q8_1 (xq, xm), for callers that multiply one x by several weights.
     """
@@ -623,7 +623,9 @@ def _gemm_ex(a, a_type: int, b, b_type: int, c, m: int, n: int, kk: int, ldc: in
     from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
 
     handle = cupy.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    stream = cupy.cuda.get_current_stream().ptr
+    if cublas.getStream(handle) != stream:  # CuPy refuses setStream inside a capture: bind_cublas does it before
+        cublas.setStream(handle, stream)
     mode = cublas.getPointerMode(handle)
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
     one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
@@ -634,6 +636,15 @@ def _gemm_ex(a, a_type: int, b, b_type: int, c, m: int, n: int, kk: int, ldc: in
                       cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
     finally:
         cublas.setPointerMode(handle, mode)
+
+
+def bind_cublas(stream_ptr: int) -> None:
+    """Point the device's cuBLAS handle at a stream before a CUDA graph is captured on it: CuPy refuses to set a
+    handle's stream during a capture, and the GEMMs of a captured step (_gemm_ex) then find it already set."""
+    import cupy  # noqa: PLC0415
+    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
+
+    cublas.setStream(cupy.cuda.device.get_cublas_handle(), stream_ptr)
 
 
 def _gemm(k: GpuKernel, w_raw, x, y, n_in: int, x16=None) -> None:

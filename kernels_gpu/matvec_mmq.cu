@@ -1,7 +1,8 @@
 // matvec_mmq.cu (after matvec_q8.cu): y = x W^T for 2-64 tokens of q8 activations and block_q4_K rows on the tensor
-// cores (one group of 8 token columns, or 2, 4, 8 of them: mmq_q4_k_body<NG>). One mma.sync m16n8k32 (int8 in, int32 out) gives one 32-element sub-block's integer sums for 16 rows x 8
-// tokens; they are scaled in float32 per row (the block's d and dmin, the sub-block's 6-bit scale and min) and per
-// token (the q8 block's d and sum), as the dp4a kernels scale them. A warp owns 16 rows and `wpr` warps share their
+// cores (one group of 8 token columns, or 2, 4, 8 of them: mmq_q4_k_body<NG>). One mma.sync m16n8k32 (int8 in,
+// int32 out) gives one 32-element sub-block's integer sums for 16 rows x 8 tokens; they are scaled in float32 per
+// row (the block's d and dmin, the sub-block's 6-bit scale and min) and per token (the q8 block's d and sum), as
+// the dp4a kernels scale them. A warp owns 16 rows and `wpr` warps share their
 // blocks (a row tile's sums meet in shared memory). Each lane reads 8 bytes of qs a row and part (whole 32-byte
 // sectors a warp load) and 8 activation bytes a token and sub-block, from the activations repacked token-major
 // within each q8 block (q8_mma_pack, below): a warp's activation words and scales are one or two cache lines, and

@@ -154,7 +154,9 @@ def test_gpu_attention_sinks_match_float64(kv_type):
         y = gpu_attention(cp.asarray(q), layer, cp.asarray(pos), n_kv, 0.125, n_swa, sinks=cp.asarray(sinks),
                           **kw).get()
         ref = ref_attention_sinks(q, kd, vd, pos, 0.125, sinks, n_swa)
-        assert np.isfinite(y).all() and nmse(y, ref) < 1e-9, (pos[0], len(pos), n_swa, kw, nmse(y, ref))
+        # the tiled prefill of an f16 cache runs on the tensor cores: q and the probabilities rounded to f16
+        tol = 2e-6 if kw.get("prefill") and kv_type == "f16" else 1e-9
+        assert np.isfinite(y).all() and nmse(y, ref) < tol, (pos[0], len(pos), n_swa, kw, nmse(y, ref))
 
 
 # ---------------------------------------------------------------- routing and the expert biases
