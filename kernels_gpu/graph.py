@@ -39,8 +39,6 @@ import numpy as np
 
 from gguf_io.errors import HybridError
 
-from .matmul import bind_cublas
-
 
 class CaptureUnsupported(RuntimeError):
     """Raised by a step that cannot be captured into a CUDA graph (a host round trip inside it)."""
@@ -342,7 +340,6 @@ class GraphRunner:
             self.capturing = self.active = True
             self._pieces = []
             try:
-                bind_cublas(st.ptr)  # a step's GEMMs (a mixed batch's chunk) record on this stream
                 st.begin_capture()
             except Exception as exc:  # noqa: BLE001 - reported, then eager
                 self.capturing = self.active = False

@@ -623,9 +623,7 @@ def _gemm_ex(a, a_type: int, b, b_type: int, c, m: int, n: int, kk: int, ldc: in
     from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
 
     handle = cupy.cuda.device.get_cublas_handle()
-    stream = cupy.cuda.get_current_stream().ptr
-    if cublas.getStream(handle) != stream:  # CuPy refuses setStream inside a capture: bind_cublas does it before
-        cublas.setStream(handle, stream)
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
     mode = cublas.getPointerMode(handle)
     cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)
     one, zero = np.ones(1, np.float32), np.zeros(1, np.float32)
@@ -636,15 +634,6 @@ def _gemm_ex(a, a_type: int, b, b_type: int, c, m: int, n: int, kk: int, ldc: in
                       cublas.CUBLAS_COMPUTE_32F, cublas.CUBLAS_GEMM_DEFAULT)
     finally:
         cublas.setPointerMode(handle, mode)
-
-
-def bind_cublas(stream_ptr: int) -> None:
-    """Point the device's cuBLAS handle at a stream before a CUDA graph is captured on it: CuPy refuses to set a
-    handle's stream during a capture, and the GEMMs of a captured step (_gemm_ex) then find it already set."""
-    import cupy  # noqa: PLC0415
-    from cupy_backends.cuda.libs import cublas  # noqa: PLC0415
-
-    cublas.setStream(cupy.cuda.device.get_cublas_handle(), stream_ptr)
 
 
 def _gemm(k: GpuKernel, w_raw, x, y, n_in: int, x16=None) -> None:

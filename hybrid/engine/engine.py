@@ -47,10 +47,13 @@ Progress = Callable[[str], None] | None
 # A speculative check of at most this many tokens runs through the decode CUDA graphs (one graph per batch size; the
 # GPU's matvec kernels take up to 8 tokens a launch, kernels_gpu.matmul.MATVEC_MAX_TOKENS); a bigger one, eagerly.
 GRAPH_MAX_TOKENS = 8
-# A server step that carries prompt chunks beside decoding sequences (a mixed batch of paged sequences of one pool) runs
-# as one CUDA graph per composition (each sequence's rows) up to this many rows, where one GPU holds every layer and
-# the output: its products take the tensor-core kernel up to kernels_gpu.matmul.MMQ_MAX_TOKENS rows. Bigger, eagerly.
-MIXED_GRAPH_MAX_ROWS = 64
+# A server step that carries prompt chunks beside decoding sequences (a mixed batch of paged sequences of one pool) may
+# run through decode_step, as one CUDA graph per composition (each sequence's rows), up to this many rows, where one
+# GPU holds every layer and the output. Off (0): CuPy refuses cuBLAS calls inside a stream capture, so the GEMM of a
+# chunk's Q6_K rows (every Q4_K_M file has some; only Q4_K has a tensor-core kernel of its own) fails the capture,
+# and each composition would then run eagerly anyway, holding a graph entry's private memory and evicting decode
+# graphs. scripts/gpu_mixed_step.py measures it at 64; tests/test_gpu_paged.py checks its logits.
+MIXED_GRAPH_MAX_ROWS = 0
 
 
 @dataclass
