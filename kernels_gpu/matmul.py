@@ -423,17 +423,15 @@ def mmq_groups(n_tok: int) -> int:
     raise ValueError(f"the tensor-core kernel takes up to {8 * MMQ_GROUPS[-1]} tokens, found {n_tok}")
 
 
-def mmq_wpr(n_out: int, n_tok: int) -> int:
-    """Warps a row tile of 16 rows of the tensor-core kernel: 8 (the 2-8 token sweep of scripts/gpu_q8t_check.py),
-    fewer where the tiles alone would fill the GPU several times over."""
-    return 8
+MMQ_WPR = 8  # warps a 16-row tile of the tensor-core kernel, as the 2-8 token sweep of scripts/gpu_q8t_check.py chose
+# (not swept at 9-64 tokens)
 
 
 def matmul_mmq(w_raw, type_name, xq, xm, y, wpr: int | None = None, packed: tuple | None = None) -> None:
     """y = x W^T for 1..8 x MMQ_GROUPS[-1] tokens of activations quantize_q8_1 made, on the tensor cores (matvec_mmq.cu:
     a warp's 16 rows of a sub-block unpacked once for every group of 8 tokens): w_raw cupy uint8 (n_out, row_bytes) of
     a Q8T_MMA_TYPES type, xq cupy int8 (n_tok, n_in), xm cupy float32 (n_tok, n_in / 32, 4), y cupy float32 (n_tok,
-    n_out). wpr: warps a row tile (1, 2, 4 or 8; None: mmq_wpr). packed: the activations already in the kernel's
+    n_out). wpr: warps a row tile (1, 2, 4 or 8; None: MMQ_WPR). packed: the activations already in the kernel's
     layout (_q8_mma_pack(xq, xm, mmq_groups(n_tok))), for callers that multiply one x by several weights."""
     if type_name not in Q8T_MMA_TYPES:
         raise ValueError(f"no tensor-core kernel for {type_name}; it has: {', '.join(Q8T_MMA_TYPES)}")
@@ -446,7 +444,7 @@ def matmul_mmq(w_raw, type_name, xq, xm, y, wpr: int | None = None, packed: tupl
     _check("y", y, np.float32, (2,))
     if y.shape != (n_tok, n_out):
         raise ValueError(f"tensor-core matmul of {n_tok} tokens x {n_out}x{n_in}: y has shape {y.shape}")
-    wpr = mmq_wpr(n_out, n_tok) if wpr is None else wpr
+    wpr = MMQ_WPR if wpr is None else wpr
     if wpr not in (1, 2, 4, 8):
         raise ValueError(f"the tensor-core kernel takes 1, 2, 4 or 8 warps a row tile, found {wpr}")
     if n_tok == 0 or n_out == 0:

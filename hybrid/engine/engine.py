@@ -325,9 +325,9 @@ class Engine:
         once for the whole batch), attention per sequence through its own cache (hybrid.kv.batch). Returns, per
         sequence, the last token's logits (n_vocab,) float32, or None where want[i] is False. A single sequence
         takes eval's path (fused forms, CUDA graphs); a decode step of up to GRAPH_MAX_TOKENS paged sequences of
-        one pool (a token each) runs through the GPU's decode graphs, one per batch size, and so does a step of such
-        sequences with prompt chunks among them, up to MIXED_GRAPH_MAX_ROWS rows, where one GPU holds every layer and
-        the output (a graph per composition); other batches run op by op, eagerly."""
+        one pool (a token each) runs through the GPU's decode graphs, one per batch size (and, where
+        MIXED_GRAPH_MAX_ROWS allows it, off by default, a step of such sequences with prompt chunks among them, a
+        graph per composition); other batches run op by op, eagerly."""
         want = [True] * len(seqs) if want is None else list(want)
         if len({id(c) for _, c in seqs}) != len(seqs):
             raise HybridError("eval_batch: a KV cache appears twice in one batch")
