@@ -274,6 +274,44 @@ extern "C" __global__ void attn_combine(const float* __restrict__ part_ms, const
 ATTN_ENTRY_X(ATT_E, ATT_HPC)
 #endif
 
+// A prefill CTA's BQ query rows r0.. (row r of token r / G): each row's key mask [lo, hi) (causal, sliding window;
+// empty past n_rows) in s_lo / s_hi, and in s_range the union of the non-empty ones ([INT_MAX, 0) if none). Called
+// by every thread of the CTA (attn_prefill_d*, attn_mma_d*); the caller synchronizes before reading the results.
+template <int BQ>
+__device__ __forceinline__ void prefill_row_masks(const i32* __restrict__ pos, int r0, int n_rows, int G, int n_kv,
+                                                  int n_swa, int* s_lo, int* s_hi, int* s_range) {
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        s_range[0] = 0x7fffffff;
+        s_range[1] = 0;
+    }
+    __syncthreads();
+    if (tid < BQ) {
+        const int r = r0 + tid;
+        int lo = 0, hi = 0;  // an empty mask for rows past the end
+        if (r < n_rows) {
+            const int p = pos[r / G];
+            lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
+            hi = min(p, n_kv - 1) + 1;
+            if (hi > lo) {
+                atomicMin(&s_range[0], lo);
+                atomicMax(&s_range[1], hi);
+            }
+        }
+        s_lo[tid] = lo;
+        s_hi[tid] = hi;
+    }
+}
+
+// The keys [x, y) of split blockIdx.z of n_splits of a prefill CTA's key range [kmin, kmax): whole tiles of BK keys
+// from kmin (none past kmax: the rows' masks end there); empty for a split past the range.
+template <int BK>
+__device__ __forceinline__ int2 prefill_split_keys(int kmin, int kmax, int n_splits) {
+    const int per = ((kmax - kmin + n_splits - 1) / n_splits + BK - 1) / BK * BK;
+    const int lo = kmin + (int)blockIdx.z * per;
+    return make_int2(lo, min(kmax, lo + per));
+}
+
 // ---- prefill: query tiles x key tiles in shared memory (built with -DATTP_D=head_dim, a multiple of 64, <= 256)
 // A CTA (256 threads, 16 x 16) takes ATTP_BQ = 64 query rows of one KV head: row i of the (token, head of the GQA
 // group) pairs in order, token i / G, head hk * G + i % G, so the heads of a group share every K/V tile. Per tile
@@ -350,26 +388,7 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
     const int r0 = (gridDim.x - 1 - blockIdx.x) * BQ;
     const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
 
-    if (tid == 0) {
-        s_range[0] = 0x7fffffff;
-        s_range[1] = 0;
-    }
-    __syncthreads();
-    if (tid < BQ) {
-        const int r = r0 + tid;
-        int lo = 0, hi = 0;  // an empty mask for rows past the end
-        if (r < n_rows) {
-            const int p = pos[r / G];
-            lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
-            hi = min(p, n_kv - 1) + 1;
-            if (hi > lo) {
-                atomicMin(&s_range[0], lo);
-                atomicMax(&s_range[1], hi);
-            }
-        }
-        s_lo[tid] = lo;
-        s_hi[tid] = hi;
-    }
+    prefill_row_masks<BQ>(pos, r0, n_rows, G, n_kv, n_swa, s_lo, s_hi, s_range);
     for (int task = tid; task < BQ * D / 4; task += ATTP_THREADS) {  // lanes: consecutive rows
         const int r = task % BQ, d0 = (task / BQ) * 4;
         const int gr = r0 + r;
@@ -397,9 +416,8 @@ __device__ __forceinline__ void attn_prefill_body(const float* __restrict__ q, c
     const size_t kstride = (size_t)n_head_kv * rbk, vstride = (size_t)n_head_kv * rbv;
     const u8* kbase = kc + (size_t)hk * rbk;
     const u8* vbase = vc + (size_t)hk * rbv;
-    // split blockIdx.z of n_splits: whole key tiles [c_lo, c_hi) of the tile's range (none past it: masked by hi)
-    const int per = ((kmax - kmin + n_splits - 1) / n_splits + BK - 1) / BK * BK;
-    const int c_lo = kmin + (int)blockIdx.z * per, c_hi = min(kmax, c_lo + per);
+    const int2 keys = prefill_split_keys<BK>(kmin, kmax, n_splits);
+    const int c_lo = keys.x, c_hi = keys.y;
     for (int c0 = c_lo; c0 < c_hi; c0 += BK) {  // CTA-uniform
         __syncthreads();  // the previous tile's sP and sV are read
         for (int task = tid; task < BK * D / 8; task += ATTP_THREADS) {  // K, lanes: consecutive keys

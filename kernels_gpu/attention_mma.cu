@@ -45,26 +45,7 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ q, const
     const int r0 = (gridDim.x - 1 - blockIdx.x) * BQ;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
 
-    if (tid == 0) {
-        s_range[0] = 0x7fffffff;
-        s_range[1] = 0;
-    }
-    __syncthreads();
-    if (tid < BQ) {
-        const int r = r0 + tid;
-        int lo = 0, hi = 0;  // an empty mask for rows past the end
-        if (r < n_rows) {
-            const int p = pos[r / G];
-            lo = n_swa > 0 ? max(0, p - n_swa + 1) : 0;
-            hi = min(p, n_kv - 1) + 1;
-            if (hi > lo) {
-                atomicMin(&s_range[0], lo);
-                atomicMax(&s_range[1], hi);
-            }
-        }
-        s_lo[tid] = lo;
-        s_hi[tid] = hi;
-    }
+    prefill_row_masks<BQ>(pos, r0, n_rows, G, n_kv, n_swa, s_lo, s_hi, s_range);
     for (int task = tid; task < BQ * D / 4; task += ATTM_THREADS) {  // Q as f16, rows past the end zero
         const int r = task / (D / 4), d0 = (task % (D / 4)) * 4;
         const int gr = r0 + r;
@@ -92,8 +73,8 @@ __device__ __forceinline__ void attn_mma_body(const float* __restrict__ q, const
     const size_t kstride = (size_t)n_head_kv * rbk, vstride = (size_t)n_head_kv * rbv;
     const u8* kbase = kc + (size_t)hk * rbk;
     const u8* vbase = vc + (size_t)hk * rbv;
-    const int per = ((kmax - kmin + n_splits - 1) / n_splits + BK - 1) / BK * BK;
-    const int c_lo = kmin + (int)blockIdx.z * per, c_hi = min(kmax, c_lo + per);
+    const int2 keys = prefill_split_keys<BK>(kmin, kmax, n_splits);
+    const int c_lo = keys.x, c_hi = keys.y;
     for (int c0 = c_lo; c0 < c_hi; c0 += BK) {  // CTA-uniform
         __syncthreads();  // the previous tile's sK and sVt are read
         for (int task = tid; task < BK * D / 8; task += ATTM_THREADS) {  // 8 halves of a key's row a task

@@ -325,14 +325,17 @@ def q8s_config(n_out: int, n_blocks: int, rpw: int | None = None) -> tuple[int, 
     return rpw, min(wpr, Q6S_WARPS)
 
 
-def _check_q8_act(xq, xm, n_in: int) -> None:
+def _check_q8_act(xq, xm, n_in: int, lo: int = 1, hi: int = 1) -> int:
+    """The token count of activations quantize_q8_1 made (xq int8 (n_tok, n_in), xm float32 (n_tok, n_in / 32, 4),
+    16-byte aligned on the device), after checking it lies in [lo, hi]."""
     _check("xq", xq, np.int8, (2,))
     _check("xm", xm, np.float32, (3,))
-    if xq.shape != (1, n_in) or xm.shape != (1, n_in // Q8_BLOCK, 4):
-        raise ValueError(f"q8 activations of one token of {n_in}: expected xq (1, {n_in}), xm (1, "
-                         f"{n_in // Q8_BLOCK}, 4), got xq {xq.shape}, xm {xm.shape}")
+    n_tok = xq.shape[0]
+    if not lo <= n_tok <= hi or xq.shape != (n_tok, n_in) or xm.shape != (n_tok, n_in // Q8_BLOCK, 4):
+        raise ValueError(f"q8 activations of {lo}..{hi} tokens of {n_in}: got xq {xq.shape}, xm {xm.shape}")
     if xq.data.ptr % 16 or xm.data.ptr % 16:
         raise ValueError("xq and xm must be 16-byte aligned on the device")
+    return n_tok
 
 
 def matvec_q8(w_raw, type_name, xq, xm, y, wpr: int | None = None, rpw: int | None = None,
@@ -386,14 +389,7 @@ def matvec_q8t(w_raw, type_name, xq, xm, y, wpr: int | None = None, rpw: int | N
     if type_name not in Q8_MATVEC:
         raise ValueError(f"no q8 matvec for {type_name}; it has: {', '.join(Q8_MATVEC)}")
     k, n_out, n_in = _check_weight("w_raw", w_raw, type_name)
-    _check("xq", xq, np.int8, (2,))
-    _check("xm", xm, np.float32, (3,))
-    n_tok = xq.shape[0]
-    if not 2 <= n_tok <= MATVEC_MAX_TOKENS or xq.shape != (n_tok, n_in) or xm.shape != (n_tok, n_in // Q8_BLOCK, 4):
-        raise ValueError(f"q8 activations of 2..{MATVEC_MAX_TOKENS} tokens of {n_in}: got xq {xq.shape}, "
-                         f"xm {xm.shape}")
-    if xq.data.ptr % 16 or xm.data.ptr % 16:
-        raise ValueError("xq and xm must be 16-byte aligned on the device")
+    n_tok = _check_q8_act(xq, xm, n_in, 2, MATVEC_MAX_TOKENS)
     _check("y", y, np.float32, (2,))
     if y.shape != (n_tok, n_out):
         raise ValueError(f"q8 matvec of {n_tok} tokens x {n_out}x{n_in}: y has shape {y.shape}")
@@ -436,11 +432,7 @@ def matmul_mmq(w_raw, type_name, xq, xm, y, wpr: int | None = None, packed: tupl
     if type_name not in Q8T_MMA_TYPES:
         raise ValueError(f"no tensor-core kernel for {type_name}; it has: {', '.join(Q8T_MMA_TYPES)}")
     k, n_out, n_in = _check_weight("w_raw", w_raw, type_name)
-    _check("xq", xq, np.int8, (2,))
-    _check("xm", xm, np.float32, (3,))
-    n_tok = xq.shape[0]
-    if xq.shape != (n_tok, n_in) or xm.shape != (n_tok, n_in // Q8_BLOCK, 4):
-        raise ValueError(f"q8 activations of {n_in}: got xq {xq.shape}, xm {xm.shape}")
+    n_tok = _check_q8_act(xq, xm, n_in, 0, 8 * MMQ_GROUPS[-1])
     _check("y", y, np.float32, (2,))
     if y.shape != (n_tok, n_out):
         raise ValueError(f"tensor-core matmul of {n_tok} tokens x {n_out}x{n_in}: y has shape {y.shape}")

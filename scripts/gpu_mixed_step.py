@@ -122,35 +122,15 @@ def main() -> None:
     print(s.getvalue())
 
 
-def gpu_us(fn, reps: int = 20) -> float:
-    """GPU microseconds of one fn() (kernel launches only): reps calls captured as one CUDA graph, replayed."""
-    import cupy  # noqa: PLC0415
-
-    st = cupy.cuda.Stream(non_blocking=True)
-    with st:
-        fn()  # compiles, fills the memory pool
-        st.synchronize()
-        st.begin_capture()
-        for _ in range(reps):
-            fn()
-        g = st.end_capture()
-        g.launch(st)
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record(st)
-        for _ in range(3):
-            g.launch(st)
-        end.record(st)
-        end.synchronize()
-    return 1000 * cupy.cuda.get_elapsed_time(start, end) / (3 * reps)
-
-
 def matmul_times(e, rng) -> None:
     """GPU us of each matrix of the first layer (and the first Q6_K ffn_down) at 1-128 tokens, as matmul runs it by
-    default (auto) and on the dequantize + GEMM path."""
+    default (auto) and on the dequantize + GEMM path: 20 calls replayed as one CUDA graph (gpu_check.time_graph;
+    where the capture fails, plain launches timed by events, marked)."""
     try:
         import cupy  # noqa: PLC0415
     except ImportError:
         return
+    from gpu_check import time_graph  # noqa: PLC0415 - scripts/ is on the path of a script run
     from kernels_gpu.matmul import gpu_kernel, matmul  # noqa: PLC0415
 
     if not isinstance(e.weights.layers[0]["attn_q"].raw, cupy.ndarray):
@@ -170,10 +150,8 @@ def matmul_times(e, rng) -> None:
         row = []
         for n, path in sizes:
             x = cupy.asarray(rng.standard_normal((n, w.raw.shape[1] // k.type_size * k.block_size), dtype=np.float32))
-            try:
-                row.append(f"{gpu_us(lambda: matmul(w.raw, w.type_name, x, path=path)):.1f}")
-            except Exception as exc:  # noqa: BLE001 - a path that cannot be captured: said, not timed
-                row.append(f"n/a ({type(exc).__name__})")
+            sec, how = time_graph([lambda: matmul(w.raw, w.type_name, x, path=path)] * 20)
+            row.append(f"{sec * 1e6:.1f}" + ("" if how == "graph" else f" ({how}: launches, not the GPU alone)"))
         print(f"| {il}.{name} {w.type_name} {tuple(w.shape)} | " + " | ".join(row) + " |")
 
 

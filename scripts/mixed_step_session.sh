@@ -28,13 +28,7 @@ for b in $(echo "${BUDGETS:-64,128}" | tr ',' ' '); do
   stamp "hybrid serve -ngl 99 -np 5 -c 65536 -b $b"
   python3 -m hybrid serve "$L8B" -ngl 99 -np 5 -c 65536 -t "$THREADS" -b "$b" --port 8093 > "$OUT/serve_$b.log" 2>&1 &
   pid=$!
-  up=0
-  for i in $(seq 1 400); do
-    kill -0 $pid 2>/dev/null || break
-    curl -sf http://127.0.0.1:8093/health > /dev/null && { up=1; break; }
-    sleep 0.5
-  done
-  if [[ $up == 1 ]]; then
+  if wait_up http://127.0.0.1:8093 $pid; then
     timeout -k 5 240 python3 scripts/bench_chunked.py --url http://127.0.0.1:8093 --long-tokens 8000 --label "-b $b" \
       --json "$OUT/chunked_$b.json" 2>&1 | tail -n 6
   else

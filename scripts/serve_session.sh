@@ -36,16 +36,6 @@ build_server() {
     cmake --build "$LB" -j"$(nproc)" --target llama-server > "$OUT/lbuild.log" 2>&1
 }
 
-wait_up() {  # wait_up URL PID: until /health answers 200 (300 s at most)
-  local i
-  for i in $(seq 1 600); do
-    kill -0 "$2" 2>/dev/null || return 1
-    curl -sf "$1/health" > /dev/null && return 0
-    sleep 0.5
-  done
-  return 1
-}
-
 serve_one() {  # serve_one hybrid|llama NGL ROUND: start that server, load it with bench_serve.py, stop it
   local tool=$1 ngl=$2 round=$3 pid port cmd
   if [[ $tool == hybrid ]]; then

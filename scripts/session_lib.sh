@@ -94,3 +94,13 @@ tests_beside_models() {
   wait
   stamp "models: $(ls -la "$L8B" "$MODEL" 2>&1 | awk '{print $5, $NF}' | tr '\n' ' ')"
 }
+
+wait_up() {  # wait_up URL PID: until /health answers 200 (300 s at most)
+  local i
+  for i in $(seq 1 600); do
+    kill -0 "$2" 2>/dev/null || return 1
+    curl -sf "$1/health" > /dev/null && return 0
+    sleep 0.5
+  done
+  return 1
+}

@@ -367,7 +367,7 @@ class Engine:
     def _mixed_graph(self, lengths: list[int]) -> bool:
         """Whether a batch of sequences of these lengths (some of several tokens) runs as a decode graph: at most
         MIXED_GRAPH_MAX_ROWS rows, every layer and the output on one GPU backend that replays decode steps."""
-        if sum(lengths) > MIXED_GRAPH_MAX_ROWS or self.op_offload is not None:
+        if sum(lengths) > MIXED_GRAPH_MAX_ROWS:  # (op offload exists only beside CPU layers: excluded below)
             return False
         be = self.output_backend
         return hasattr(be, "decode_step") and all(b is be for b in self.backends)
