@@ -5,7 +5,8 @@ and serves up to 8 tokens (warp-per-row, shuffle reductions). A Q8_MATVEC type (
 the activations are quantized to 8 bits per 32 (quantize_q8_1) and dotted by dp4a (matvec_q8.cu), one token or,
 through matvec_q8t, up to 8 (the weights loaded once for all of them: a decode batch of several sequences).
 9 to MMQ_MAX_TOKENS tokens of a Q8T_MMA_TYPES weight (a prompt chunk beside decoding sequences): the tensor-core kernel
-of matvec_mmq.cu on q8 activations, the weight read once in its blocks (matmul_mmq).
+of matvec_mmq.cu (Q4_K) or matvec_mmq_q6k.cu (Q6_K) on q8 activations, the weight read once in its blocks
+(matmul_mmq).
 Prefill: the weight is dequantized in row chunks into an fp16 scratch, and cuBLAS multiplies fp16 x fp16 with fp32
 accumulation and fp32 output (F32 weights: fp32 GEMM on the raw rows; BF16: an fp32 scratch). One explicit
 `GPU_KERNELS` entry per GGML type. `matmul_many` multiplies one x by several weights (q/k/v, gate/up): one q8
@@ -355,7 +356,10 @@ def matvec_q8(w_raw, type_name, xq, xm, y, wpr: int | None = None, rpw: int | No
 
 # matvec_q8t's designs: dp4a (matvec_q8.cu), tensor cores on the activations repacked for them (matvec_mmq.cu)
 Q8T_KERNELS = ("dp4a", "mma")
-Q8T_MMA_TYPES = ("Q4_K",)  # the types with a tensor-core kernel (matvec_mmq.cu)
+Q8T_MMA_TYPES = ("Q4_K", "Q6_K")  # the types with a tensor-core kernel (matvec_mmq.cu, matvec_mmq_q6k.cu)
+Q6K_MMA_FROM = 2  # tokens from which a Q6_K matrix of 4096 rows or more takes the tensor cores in matvec_q8t
+MMQ6_STAGES = 3  # blocks in flight a warp in the Q6_K tensor-core kernel (MMQ6_STAGES in matvec_mmq_q6k.cu), each
+# 16 rows a row tile x 240-byte slots of shared memory
 
 
 def q8t_config(type_name: str, n_out: int, n_tok: int, kernel: str | None = None, rpw: int | None = None,
@@ -368,7 +372,10 @@ def q8t_config(type_name: str, n_out: int, n_tok: int, kernel: str | None = None
     tokens), 1 warp a row from 4096 rows. The tensor-core kernels take 16 rows a warp (rpw is not used)."""
     big = n_out >= 4096
     if kernel is None:
-        mma = type_name in Q8T_MMA_TYPES and big and (n_tok >= 5 or (n_tok == 4 and n_out >= 8192))
+        if type_name == "Q6_K":
+            mma = big and n_tok >= Q6K_MMA_FROM
+        else:
+            mma = type_name in Q8T_MMA_TYPES and big and (n_tok >= 5 or (n_tok == 4 and n_out >= 8192))
         kernel = "mma" if mma else "dp4a"
     if rpw is None:
         rpw = 4 if big and (type_name == "Q4_K" or n_tok >= 5) else 2
@@ -421,14 +428,17 @@ def mmq_groups(n_tok: int) -> int:
 
 MMQ_WPR = 8  # warps a 16-row tile of the tensor-core kernel, as the 2-8 token sweep of scripts/gpu_q8t_check.py chose
 # (not swept at 9-64 tokens)
+MMQ_RT = 1  # row tiles of 16 a warp at 9-64 tokens (2: each activation fragment serves both)
 
 
-def matmul_mmq(w_raw, type_name, xq, xm, y, wpr: int | None = None, packed: tuple | None = None) -> None:
+def matmul_mmq(w_raw, type_name, xq, xm, y, wpr: int | None = None, packed: tuple | None = None,
+               rt: int | None = None) -> None:
     """y = x W^T for 1..8 x MMQ_GROUPS[-1] tokens of activations quantize_q8_1 made, on the tensor cores (matvec_mmq.cu:
     a warp's 16 rows of a sub-block unpacked once for every group of 8 tokens): w_raw cupy uint8 (n_out, row_bytes) of
     a Q8T_MMA_TYPES type, xq cupy int8 (n_tok, n_in), xm cupy float32 (n_tok, n_in / 32, 4), y cupy float32 (n_tok,
-    n_out). wpr: warps a row tile (1, 2, 4 or 8; None: MMQ_WPR). packed: the activations already in the kernel's
-    layout (_q8_mma_pack(xq, xm, mmq_groups(n_tok))), for callers that multiply one x by several weights."""
+    n_out). wpr: warps a row tile (1, 2, 4 or 8; None: MMQ_WPR). rt: row tiles of 16 a warp (1, or 2 from 9 tokens;
+    None: MMQ_RT). packed: the activations already in the kernel's layout (_q8_mma_pack(xq, xm, mmq_groups(n_tok))),
+    for callers that multiply one x by several weights."""
     if type_name not in Q8T_MMA_TYPES:
         raise ValueError(f"no tensor-core kernel for {type_name}; it has: {', '.join(Q8T_MMA_TYPES)}")
     k, n_out, n_in = _check_weight("w_raw", w_raw, type_name)
@@ -439,18 +449,30 @@ def matmul_mmq(w_raw, type_name, xq, xm, y, wpr: int | None = None, packed: tupl
     wpr = MMQ_WPR if wpr is None else wpr
     if wpr not in (1, 2, 4, 8):
         raise ValueError(f"the tensor-core kernel takes 1, 2, 4 or 8 warps a row tile, found {wpr}")
+    rt = (MMQ_RT if n_tok > 8 else 1) if rt is None else rt
+    if rt not in (1, 2) or (rt == 2 and n_tok <= 8):
+        raise ValueError(f"the tensor-core kernel takes 1 row tile a warp, or 2 from 9 tokens; found {rt} at {n_tok}")
     if n_tok == 0 or n_out == 0:
         return
     groups = mmq_groups(n_tok)
-    _mmq_launch(w_raw, k, _q8_mma_pack(xq, xm, groups) if packed is None else packed, y, n_out, n_in, n_tok, wpr)
+    _mmq_launch(w_raw, k, _q8_mma_pack(xq, xm, groups) if packed is None else packed, y, n_out, n_in, n_tok, wpr, rt)
 
 
-def _mmq_launch(w_raw, k: GpuKernel, packed: tuple, y, n_out: int, n_in: int, n_tok: int, wpr: int) -> None:
+def _mmq_launch(w_raw, k: GpuKernel, packed: tuple, y, n_out: int, n_in: int, n_tok: int, wpr: int,
+                rt: int = 1) -> None:
     groups = mmq_groups(n_tok)
-    grid = -(-(-(-n_out // 16)) // (MV_WARPS // wpr))
-    fn = get_kernel("matvec_q8", f"matvec_mmq_{k.suffix}" + ("" if groups == 1 else f"_g{groups}"))
+    grid = -(-(-(-n_out // (16 * rt))) // (MV_WARPS // wpr))
+    fn = get_kernel("matvec_q8", f"matvec_mmq_{k.suffix}" + ("" if groups == 1 else f"_g{groups}")
+                    + ("" if rt == 1 else f"_t{rt}"))
+    # dynamic shared memory: the row tile's sums where wpr > 1 (mmq_store), Q6_K's staged blocks (matvec_mmq_q6k.cu)
+    smem = MV_WARPS * 4 * groups * rt * 32 * 4 if wpr > 1 else 0
+    if k.name == "Q6_K":
+        smem = max(smem, MV_WARPS * MMQ6_STAGES * 16 * rt * 240)
+    if fn.max_dynamic_shared_size_bytes < smem:  # past 48 KiB needs the opt-in attribute
+        fn.max_dynamic_shared_size_bytes = smem
     i32 = np.int32
-    fn((grid,), (256,), (w_raw, *packed, y, i32(n_out), i32(n_in // k.block_size), i32(n_tok), i32(wpr)))
+    fn((grid,), (256,), (w_raw, *packed, y, i32(n_out), i32(n_in // k.block_size), i32(n_tok), i32(wpr)),
+       shared_mem=smem)
 
 
 def _q8_mma_pack(xq, xm, groups: int = 1) -> tuple:

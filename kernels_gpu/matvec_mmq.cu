@@ -46,98 +46,141 @@ __device__ __forceinline__ Q4KHead q4k_head(const uint4& h) {
 }
 __device__ __forceinline__ float byte_f(u32 w, int j) { return (float)((w >> (8 * (j & 3))) & 255u); }
 
+// the end of a tensor-core kernel: a row tile's wpr warps add up in `red` ([MMQ_WARPS][4 NG RT][WARP] floats of
+// dynamic shared memory, free by now; every thread of the CTA calls this, wpr is the same for all), then the first
+// stores its rows' sums
+template <int NG, int RT>
+__device__ __forceinline__ void mmq_store(float (&acc)[RT][NG][4], float* red, int warp, int lane, int sub, int wpr,
+                                          int row0, int n_out, int ntok, float* __restrict__ y) {
+    constexpr int V = 4 * NG * RT;
+    if (wpr > 1) {
+        __syncthreads();  // the memory may have served the kernel before (staged weights)
+#pragma unroll
+        for (int r = 0; r < RT; ++r)
+#pragma unroll
+            for (int q = 0; q < NG; ++q)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) red[(warp * V + 4 * (NG * r + q) + i) * WARP + lane] = acc[r][q][i];
+        __syncthreads();
+        if (sub != 0) return;
+        for (int k = 1; k < wpr; ++k)
+#pragma unroll
+            for (int r = 0; r < RT; ++r)
+#pragma unroll
+                for (int q = 0; q < NG; ++q)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i)
+                        acc[r][q][i] += red[((warp + k) * V + 4 * (NG * r + q) + i) * WARP + lane];
+    }
+    const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+        const int ra = row0 + 16 * r + g, rb = ra + 8;
+#pragma unroll
+        for (int q = 0; q < NG; ++q) {
+            const int ta = 8 * q + 2 * t, tb = ta + 1;
+            if (ra < n_out && ta < ntok) y[(size_t)ta * n_out + ra] = acc[r][q][0];
+            if (ra < n_out && tb < ntok) y[(size_t)tb * n_out + ra] = acc[r][q][1];
+            if (rb < n_out && ta < ntok) y[(size_t)ta * n_out + rb] = acc[r][q][2];
+            if (rb < n_out && tb < ntok) y[(size_t)tb * n_out + rb] = acc[r][q][3];
+        }
+    }
+}
+
 // pq, pm: the activations as q8_mma_pack lays them out for T = 8 NG token columns ((n_in / 32, T, 32) int8;
 // (n_in / 32, T) float2 (d, d * sum)). NG column groups of 8 tokens: a warp's weight fragments (its 16 rows of a
 // sub-block) are loaded and unpacked once and serve every group, one mma each (NG = 1: 2-8 tokens; NG = 2..8: up to
-// 64 tokens, a prompt chunk beside decoding sequences).
-template <int NG>
+// 64 tokens, a prompt chunk beside decoding sequences). RT row tiles of 16 a warp: each activation fragment a warp
+// loads serves RT tiles (at 64 tokens the activations' traffic, not the weights', sets the time).
+template <int NG, int RT>
 __device__ __forceinline__ void mmq_q4_k_body(const u8* __restrict__ w, const i8* __restrict__ pq,
                                               const float4* __restrict__ pm, float* __restrict__ y, int n_out,
                                               int n_blocks, int ntok, int wpr) {
     constexpr int T = 8 * NG;
-    __shared__ float red[MMQ_WARPS][4 * NG][WARP];
+    extern __shared__ __align__(16) u8 mmq_smem[];  // the row tile's sums (wpr > 1): mmq_store's `red`
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int row0 = (blockIdx.x * (MMQ_WARPS / wpr) + warp / wpr) * 16;
+    const int row0 = (blockIdx.x * (MMQ_WARPS / wpr) + warp / wpr) * 16 * RT;
     const int sub = warp % wpr;
     const size_t row_bytes = (size_t)n_blocks * 144;
-    float acc[NG][4];  // group q: (row g, token 8q + 2t), (g, 8q + 2t + 1), (g + 8, 8q + 2t), (g + 8, 8q + 2t + 1)
+    // tile r, group q: (row g, token 8q + 2t), (g, 8q + 2t + 1), (g + 8, 8q + 2t), (g + 8, 8q + 2t + 1)
+    float acc[RT][NG][4];
 #pragma unroll
-    for (int q = 0; q < NG; ++q) acc[q][0] = acc[q][1] = acc[q][2] = acc[q][3] = 0.0f;
+    for (int r = 0; r < RT; ++r)
+#pragma unroll
+        for (int q = 0; q < NG; ++q) acc[r][q][0] = acc[r][q][1] = acc[r][q][2] = acc[r][q][3] = 0.0f;
     if (row0 < n_out) {
-        const u8* wa = w + (size_t)min(row0 + g, n_out - 1) * row_bytes;
-        const u8* wb = w + (size_t)min(row0 + g + 8, n_out - 1) * row_bytes;
+        const u8* wa[RT];
+        const u8* wb[RT];
+#pragma unroll
+        for (int r = 0; r < RT; ++r) {
+            wa[r] = w + (size_t)min(row0 + 16 * r + g, n_out - 1) * row_bytes;
+            wb[r] = w + (size_t)min(row0 + 16 * r + g + 8, n_out - 1) * row_bytes;
+        }
         const i8* xg = pq + 32 * g + 8 * t;  // B: token 8q + g's bytes 8t..8t + 7 of q8 block k at xg + 32 (T k + 8 q)
         const float4* ms = pm + t;          // (d, d * sum) of tokens 8q + 2t, + 1 of q8 block k at ms[T / 2 k + 4 q]
         for (int b = sub; b < n_blocks; b += wpr) {
-            const u8* ba = wa + (size_t)b * 144;
-            const u8* bb = wb + (size_t)b * 144;
-            const uint4 hwa = ldw128(ba), hwb = ldw128(bb);
-            uint2 qa[4], qb[4];
+            uint2 qa[RT][4], qb[RT][4];
+            Q4KHead ha[RT], hb[RT];
 #pragma unroll
-            for (int p = 0; p < 4; ++p) {
-                qa[p] = ldw64(ba + 16 + 32 * p + 8 * t);
-                qb[p] = ldw64(bb + 16 + 32 * p + 8 * t);
+            for (int r = 0; r < RT; ++r) {
+                const u8* ba = wa[r] + (size_t)b * 144;
+                const u8* bb = wb[r] + (size_t)b * 144;
+                const uint4 hwa = ldw128(ba), hwb = ldw128(bb);
+#pragma unroll
+                for (int p = 0; p < 4; ++p) {
+                    qa[r][p] = ldw64(ba + 16 + 32 * p + 8 * t);
+                    qb[r][p] = ldw64(bb + 16 + 32 * p + 8 * t);
+                }
+                ha[r] = q4k_head(hwa);
+                hb[r] = q4k_head(hwb);
             }
-            const Q4KHead ha = q4k_head(hwa), hb = q4k_head(hwb);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {  // sub-block j: the low (j even) or high nibbles of part j / 2
                 const int p = j >> 1, sh = 4 * (j & 1);
-                const u32 a[4] = {(qa[p].x >> sh) & 0x0F0F0F0Fu, (qb[p].x >> sh) & 0x0F0F0F0Fu,
-                                  (qa[p].y >> sh) & 0x0F0F0F0Fu, (qb[p].y >> sh) & 0x0F0F0F0Fu};
-                const float sca = byte_f(j < 4 ? ha.sc_lo : ha.sc_hi, j), ma = byte_f(j < 4 ? ha.m_lo : ha.m_hi, j);
-                const float scb = byte_f(j < 4 ? hb.sc_lo : hb.sc_hi, j), mb = byte_f(j < 4 ? hb.m_lo : hb.m_hi, j);
                 const size_t kb = (size_t)(8 * b + j);
 #pragma unroll
                 for (int q = 0; q < NG; ++q) {
                     const uint2 xv = __ldg((const uint2*)(xg + (kb * T + 8 * q) * 32));
                     const u32 bx[2] = {xv.x, xv.y};
-                    int c[4] = {0, 0, 0, 0};
-                    mma_s8_16832(c, a, bx);
                     const float4 v = __ldg(ms + kb * (T / 2) + 4 * q);  // tokens 8q + 2t, + 1: d and d * sum
                     const float d0 = v.x, s0 = v.y, d1 = v.z, s1 = v.w;
-                    acc[q][0] += ha.d * (sca * d0 * (float)c[0]) - ha.dmin * (ma * s0);
-                    acc[q][1] += ha.d * (sca * d1 * (float)c[1]) - ha.dmin * (ma * s1);
-                    acc[q][2] += hb.d * (scb * d0 * (float)c[2]) - hb.dmin * (mb * s0);
-                    acc[q][3] += hb.d * (scb * d1 * (float)c[3]) - hb.dmin * (mb * s1);
+#pragma unroll
+                    for (int r = 0; r < RT; ++r) {
+                        const u32 a[4] = {(qa[r][p].x >> sh) & 0x0F0F0F0Fu, (qb[r][p].x >> sh) & 0x0F0F0F0Fu,
+                                          (qa[r][p].y >> sh) & 0x0F0F0F0Fu, (qb[r][p].y >> sh) & 0x0F0F0F0Fu};
+                        const float sca = byte_f(j < 4 ? ha[r].sc_lo : ha[r].sc_hi, j);
+                        const float ma = byte_f(j < 4 ? ha[r].m_lo : ha[r].m_hi, j);
+                        const float scb = byte_f(j < 4 ? hb[r].sc_lo : hb[r].sc_hi, j);
+                        const float mb = byte_f(j < 4 ? hb[r].m_lo : hb[r].m_hi, j);
+                        int c[4] = {0, 0, 0, 0};
+                        mma_s8_16832(c, a, bx);
+                        acc[r][q][0] += ha[r].d * (sca * d0 * (float)c[0]) - ha[r].dmin * (ma * s0);
+                        acc[r][q][1] += ha[r].d * (sca * d1 * (float)c[1]) - ha[r].dmin * (ma * s1);
+                        acc[r][q][2] += hb[r].d * (scb * d0 * (float)c[2]) - hb[r].dmin * (mb * s0);
+                        acc[r][q][3] += hb[r].d * (scb * d1 * (float)c[3]) - hb[r].dmin * (mb * s1);
+                    }
                 }
             }
         }
     }
-    if (wpr > 1) {  // the row tile's wpr warps add up in shared memory (wpr is the same for the whole CTA)
-#pragma unroll
-        for (int q = 0; q < NG; ++q)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) red[warp][4 * q + i][lane] = acc[q][i];
-        __syncthreads();
-        if (sub != 0) return;
-        for (int k = 1; k < wpr; ++k)
-#pragma unroll
-            for (int q = 0; q < NG; ++q)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[q][i] += red[warp + k][4 * q + i][lane];
-    }
-    const int ra = row0 + g, rb = row0 + g + 8;
-#pragma unroll
-    for (int q = 0; q < NG; ++q) {
-        const int ta = 8 * q + 2 * t, tb = ta + 1;
-        if (ra < n_out && ta < ntok) y[(size_t)ta * n_out + ra] = acc[q][0];
-        if (ra < n_out && tb < ntok) y[(size_t)tb * n_out + ra] = acc[q][1];
-        if (rb < n_out && ta < ntok) y[(size_t)ta * n_out + rb] = acc[q][2];
-        if (rb < n_out && tb < ntok) y[(size_t)tb * n_out + rb] = acc[q][3];
-    }
+    mmq_store<NG, RT>(acc, (float*)mmq_smem, warp, lane, sub, wpr, row0, n_out, ntok, y);
 }
 
-#define MMQ_Q4K_ENTRY(NAME, NG)                                                                                    \
+// matvec_mmq_<type>[_g<NG>][_t2]: NG groups of 8 token columns, RT = 2 row tiles a warp where named
+#define MMQ_ENTRY(NAME, BODY, NG, RT)                                                                              \
     extern "C" __global__ void __launch_bounds__(256) NAME(const u8* __restrict__ w, const i8* __restrict__ pq,    \
                                                          const float4* __restrict__ pm, float* __restrict__ y,      \
                                                          int n_out, int n_blocks, int ntok, int wpr) {             \
-        mmq_q4_k_body<NG>(w, pq, pm, y, n_out, n_blocks, ntok, wpr);                                               \
+        BODY<NG, RT>(w, pq, pm, y, n_out, n_blocks, ntok, wpr);                                                    \
     }
-MMQ_Q4K_ENTRY(matvec_mmq_q4_k, 1)
-MMQ_Q4K_ENTRY(matvec_mmq_q4_k_g2, 2)
-MMQ_Q4K_ENTRY(matvec_mmq_q4_k_g4, 4)
-MMQ_Q4K_ENTRY(matvec_mmq_q4_k_g8, 8)
+MMQ_ENTRY(matvec_mmq_q4_k, mmq_q4_k_body, 1, 1)
+MMQ_ENTRY(matvec_mmq_q4_k_g2, mmq_q4_k_body, 2, 1)
+MMQ_ENTRY(matvec_mmq_q4_k_g4, mmq_q4_k_body, 4, 1)
+MMQ_ENTRY(matvec_mmq_q4_k_g8, mmq_q4_k_body, 8, 1)
+MMQ_ENTRY(matvec_mmq_q4_k_g2_t2, mmq_q4_k_body, 2, 2)
+MMQ_ENTRY(matvec_mmq_q4_k_g4_t2, mmq_q4_k_body, 4, 2)
+MMQ_ENTRY(matvec_mmq_q4_k_g8_t2, mmq_q4_k_body, 8, 2)
 
 // quantize_q8_1's activations of ntok <= T tokens (xq (ntok, n), xm (ntok, n / 32, 4)) in matvec_mmq's layout for
 // T token columns (T = 8 NG): pq (n / 32, T, 32) int8 (token-major within a q8 block) and pm (n / 32, T, 2) float32 =

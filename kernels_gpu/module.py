@@ -20,7 +20,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "matvec_legacy": ("common.cu", "matvec_common.cu", "moe_mma.cu", "matvec_legacy.cu"),
     "matvec_k": ("common.cu", "matvec_common.cu", "moe_mma.cu", "matvec_k.cu"),
     "matvec_iq": ("common.cu", "matvec_common.cu", "moe_mma.cu", "iq_grids.cu", "matvec_iq.cu"),
-    "matvec_q8": ("common.cu", "matvec_q8.cu", "matvec_q8_staged.cu", "matvec_mmq.cu"),
+    "matvec_q8": ("common.cu", "matvec_q8.cu", "matvec_q8_staged.cu", "matvec_mmq.cu", "matvec_mmq_q6k.cu"),
     "matvec_float": ("common.cu", "matvec_float.cu", "matvec_float_entries.cu"),
     "ops": ("common.cu", "ops.cu"),
     "kv": ("common.cu", "kv.cu"),

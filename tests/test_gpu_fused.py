@@ -1,4 +1,4 @@
-"""matmul_many (several weights times one x in fewer launches) and the staged Q6_K q8 matvec vs float64 references.
+"""matmul_many (several weights times one x in fewer launches) and the staged Q6_K q8 kernels vs float64 references.
 
 Every test needs a CUDA device through CuPy (marked `gpu`, skipped elsewhere by conftest.py).
 """
@@ -13,7 +13,7 @@ import pytest
 cupy = pytest.importorskip("cupy")
 
 import kernels_gpu.matmul as km  # noqa: E402
-from kernels_gpu.matmul import matmul, matmul_many, matvec_q8, quantize_q8_1  # noqa: E402
+from kernels_gpu.matmul import matmul, matmul_many, matmul_mmq, matvec_q8, matvec_q8t, quantize_q8_1  # noqa: E402
 from test_kernels_gpu import (NMSE_GEMM_F16, NMSE_GEMM_F32, NMSE_MATVEC, NMSE_MATVEC_Q8, nmse,  # noqa: E402
                               random_weight, ref_matmul, ref_matmul_q8)
 
@@ -111,6 +111,15 @@ def test_q6k_staged_unaligned_base():
         y = cupy.empty((1, 50), dtype=cupy.float32)
         matvec_q8(w, "Q6_K", xq, xm, y, kernel="staged")
         assert nmse(y.get(), ref_matmul_q8(raw, "Q6_K", x)) < NMSE_MATVEC, shift
+        for n_tok in (4, 20):  # the tensor-core kernel stages each block from the aligned pieces around it
+            x = rng.standard_normal((n_tok, 2048)).astype(np.float32)
+            xq, xm = quantize_q8_1(cupy.asarray(x))
+            y = cupy.full((n_tok, 50), np.nan, dtype=cupy.float32)
+            if n_tok <= 8:
+                matvec_q8t(w, "Q6_K", xq, xm, y, kernel="mma")
+            else:
+                matmul_mmq(w, "Q6_K", xq, xm, y)
+            assert nmse(y.get(), ref_matmul_q8(raw, "Q6_K", x)) < NMSE_MATVEC, (shift, n_tok)
 
 
 @pytest.mark.parametrize("case", range(len(SETS)))

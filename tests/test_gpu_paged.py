@@ -215,11 +215,11 @@ def test_a_decode_batch_through_the_graphs_gives_each_sequence_its_own_logits(en
 
 def test_mixed_steps_through_the_graphs_give_each_sequence_its_own_logits(engine, monkeypatch):
     """A server's step with prompt chunks among decoding sequences (one pool), routed through decode_step
-    (MIXED_GRAPH_MAX_ROWS, off by default): every layer and the output on the GPU, a graph per composition (the
-    chunk's attention in the tiled kernel, the other rows' in runs of the decode kernel, only each sequence's last row
-    through the output), or its eager run where the capture fails (this Q4_K_M model's Q6_K rows take cuBLAS, which
-    CuPy refuses inside a capture); each sequence gets the logits it gets alone. Split (-ngl 2), the steps run on
-    the eager path."""
+    (MIXED_GRAPH_MAX_ROWS): every layer and the output on the GPU, a graph per composition (the chunk's attention in
+    the tiled kernel, the other rows' in runs of the decode kernel, only each sequence's last row through the
+    output; this Q4_K_M model's Q4_K and Q6_K rows on the tensor-core kernels, which a capture takes); each sequence
+    gets the logits it gets alone, and the repeated composition is replayed. Split (-ngl 2), the steps run on the
+    eager path."""
     import hybrid.engine.engine as ke  # noqa: PLC0415
 
     monkeypatch.setattr(ke, "MIXED_GRAPH_MAX_ROWS", 64)
@@ -251,6 +251,8 @@ def test_mixed_steps_through_the_graphs_give_each_sequence_its_own_logits(engine
     assert all(s.n_past == c.n_past for s, c in zip(seqs, refs))
     if not all(be is gpu for be in (*engine.backends, engine.output_backend)):
         assert mixed_replays == 0  # a split model's mixed steps run on the eager path
+    else:  # the first composition: eager, captured, then replayed (the last step's is new: eager)
+        assert mixed_replays >= 2, gpu.graph_report()
 
 
 def test_the_paged_scheduler_serves_on_the_gpu_and_gives_every_block_back(engine):

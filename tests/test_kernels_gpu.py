@@ -251,8 +251,9 @@ def test_matvec_q8_several_tokens(name, n_tok):
 @pytest.mark.parametrize("n_tok", [9, 16, 23, 32, 41, 64])
 def test_matmul_mmq(name, n_tok):
     """The tensor-core kernel over 9-64 tokens (column groups of 8 sharing each unpacked weight fragment), every
-    split of a row tile, against float64 on the q8 activations (within 1e-5 of its largest value, as the 2-8 token
-    kernel); matmul's default path and matmul_many (beside a Q6_K weight, which keeps the GEMM) take it."""
+    split of a row tile and 1 or 2 row tiles a warp, against float64 on the q8 activations (within 1e-5 of its
+    largest value, as the 2-8 token kernel); matmul's default path and matmul_many (beside a Q5_K weight, which
+    keeps the GEMM) take it."""
     rng = np.random.default_rng(zlib.crc32(f"mmq{name}{n_tok}".encode()))
     for n_out, n_in in [(1, 256), (37, 768), (300, 1280), (4099, 512)]:
         raw = cupy.asarray(random_weight(name, n_out, n_in, rng))
@@ -260,21 +261,23 @@ def test_matmul_mmq(name, n_tok):
         xq, xm = quantize_q8_1(cupy.asarray(x))
         ref = ref_matmul_q8(raw.get(), name, x)
         for wpr in (None, 1, 2, 4, 8):
-            y = cupy.full((n_tok, n_out), np.nan, dtype=cupy.float32)  # poison: every output must be written
-            matmul_mmq(raw, name, xq, xm, y, wpr=wpr)
-            y = y.get()
-            assert np.isfinite(y).all(), (n_out, n_in, wpr)
-            err = float(np.abs(y - ref).max() / np.abs(ref).max())
-            assert err <= 1e-5, (n_out, n_in, wpr, err)
+            for rt in (None, 1, 2):
+                y = cupy.full((n_tok, n_out), np.nan, dtype=cupy.float32)  # poison: every output must be written
+                matmul_mmq(raw, name, xq, xm, y, wpr=wpr, rt=rt)
+                y = y.get()
+                assert np.isfinite(y).all(), (n_out, n_in, wpr, rt)
+                err = float(np.abs(y - ref).max() / np.abs(ref).max())
+                assert err <= 1e-5, (n_out, n_in, wpr, rt, err)
         auto = matmul(raw, name, cupy.asarray(x)).get()
         assert uses_mmq(name, n_tok)
         assert float(np.abs(auto - ref).max() / np.abs(ref).max()) <= 1e-5
-    q6 = random_weight("Q6_K", 300, 1280, rng)
+    q5 = random_weight("Q5_K", 300, 1280, rng)
     x = rng.standard_normal((n_tok, 1280)).astype(np.float32)
     raw = random_weight(name, 500, 1280, rng)
-    ya, yb = matmul_many([cupy.asarray(raw), cupy.asarray(q6)], [name, "Q6_K"], cupy.asarray(x))
+    assert not uses_mmq("Q5_K", n_tok)
+    ya, yb = matmul_many([cupy.asarray(raw), cupy.asarray(q5)], [name, "Q5_K"], cupy.asarray(x))
     assert float(np.abs(ya.get() - ref_matmul_q8(raw, name, x)).max()) <= 1e-5 * np.abs(ya.get()).max()
-    assert nmse(yb.get(), ref_matmul(q6, "Q6_K", x)) < NMSE_GEMM_F16
+    assert nmse(yb.get(), ref_matmul(q5, "Q5_K", x)) < NMSE_GEMM_F16
 
 
 @pytest.mark.parametrize("name", TYPES)

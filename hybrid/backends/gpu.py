@@ -149,6 +149,15 @@ class GpuBackend:
         """True when some decode step had to run eagerly (capture impossible, or graphs turned off)."""
         return self._graphs is not None and self._graphs.fallback
 
+    @staticmethod
+    def captures_products(type_names, n_rows: int) -> bool:
+        """Whether products of n_rows rows by weights of these GGML types can join a captured step: rows the
+        matvec kernels take (up to 8), or the tensor-core kernel's (uses_mmq); not the dequantize + cuBLAS GEMM,
+        which CuPy refuses inside a stream capture."""
+        from kernels_gpu.matmul import MATVEC_MAX_TOKENS, uses_mmq  # noqa: PLC0415
+
+        return n_rows <= MATVEC_MAX_TOKENS or all(uses_mmq(t, n_rows) for t in type_names)
+
     def host_call(self, fn, beside=None, needs=None) -> None:
         """Run fn() on the host once the work launched so far has finished: inside a decode step a host break of
         its CUDA graph (kernels_gpu.graph), else a synchronization of the current stream, then the call. beside()

@@ -47,13 +47,12 @@ Progress = Callable[[str], None] | None
 # A speculative check of at most this many tokens runs through the decode CUDA graphs (one graph per batch size; the
 # GPU's matvec kernels take up to 8 tokens a launch, kernels_gpu.matmul.MATVEC_MAX_TOKENS); a bigger one, eagerly.
 GRAPH_MAX_TOKENS = 8
-# A server step that carries prompt chunks beside decoding sequences (a mixed batch of paged sequences of one pool) may
-# run through decode_step, as one CUDA graph per composition (each sequence's rows), up to this many rows, where one
-# GPU holds every layer and the output. Off (0): CuPy refuses cuBLAS calls inside a stream capture, so the GEMM of a
-# chunk's Q6_K rows (every Q4_K_M file has some; only Q4_K has a tensor-core kernel of its own) fails the capture,
-# and each composition would then run eagerly anyway, holding a graph entry's private memory and evicting decode
-# graphs. scripts/gpu_mixed_step.py measures it at 64; tests/test_gpu_paged.py checks its logits.
-MIXED_GRAPH_MAX_ROWS = 0
+# A server step that carries prompt chunks beside decoding sequences (a mixed batch of paged sequences of one pool) runs
+# through decode_step, as one CUDA graph per composition (each sequence's rows), up to this many rows, where one GPU
+# holds every layer and the output of a dense model and every weight's type has a kernel for that many rows that a
+# capture takes (GpuBackend.captures_products: the tensor-core products of Q4_K and Q6_K, not cuBLAS's GEMM, which
+# CuPy refuses inside a stream capture). scripts/gpu_mixed_step.py measures it; tests/test_gpu_paged.py checks it.
+MIXED_GRAPH_MAX_ROWS = 64
 
 
 @dataclass
@@ -326,8 +325,8 @@ class Engine:
         sequence, the last token's logits (n_vocab,) float32, or None where want[i] is False. A single sequence
         takes eval's path (fused forms, CUDA graphs); a decode step of up to GRAPH_MAX_TOKENS paged sequences of
         one pool (a token each) runs through the GPU's decode graphs, one per batch size (and, where
-        MIXED_GRAPH_MAX_ROWS allows it, off by default, a step of such sequences with prompt chunks among them, a
-        graph per composition); other batches run op by op, eagerly."""
+        MIXED_GRAPH_MAX_ROWS and the weights' kernels allow it, a step of such sequences with prompt chunks among
+        them, a graph per composition); other batches run op by op, eagerly."""
         want = [True] * len(seqs) if want is None else list(want)
         if len({id(c) for _, c in seqs}) != len(seqs):
             raise HybridError("eval_batch: a KV cache appears twice in one batch")
@@ -366,11 +365,17 @@ class Engine:
 
     def _mixed_graph(self, lengths: list[int]) -> bool:
         """Whether a batch of sequences of these lengths (some of several tokens) runs as a decode graph: at most
-        MIXED_GRAPH_MAX_ROWS rows, every layer and the output on one GPU backend that replays decode steps."""
-        if sum(lengths) > MIXED_GRAPH_MAX_ROWS:  # (op offload exists only beside CPU layers: excluded below)
+        MIXED_GRAPH_MAX_ROWS rows of a dense model, every layer and the output on one GPU backend that replays
+        decode steps, and every product of the step one that a capture takes."""
+        n = sum(lengths)
+        if n > MIXED_GRAPH_MAX_ROWS or self.config.n_expert > 0:  # (op offload: only beside CPU layers, excluded below)
             return False
         be = self.output_backend
-        return hasattr(be, "decode_step") and all(b is be for b in self.backends)
+        if not (hasattr(be, "decode_step") and all(b is be for b in self.backends)):
+            return False
+        layer_types = {w.type_name for lw in self.weights.layers for w in lw.values() if len(w.shape) == 2}
+        return be.captures_products(layer_types, n) and be.captures_products({self.weights.output.type_name},
+                                                                               len(lengths))
 
     @property
     def _graphs(self) -> bool:
