@@ -426,9 +426,16 @@ def mmq_groups(n_tok: int) -> int:
     raise ValueError(f"the tensor-core kernel takes up to {8 * MMQ_GROUPS[-1]} tokens, found {n_tok}")
 
 
-MMQ_WPR = 8  # warps a 16-row tile of the tensor-core kernel, as the 2-8 token sweep of scripts/gpu_q8t_check.py chose
-# (not swept at 9-64 tokens)
-MMQ_RT = 1  # row tiles of 16 a warp at 9-64 tokens (2: each activation fragment serves both)
+MMQ_WPR = 8  # warps a 16-row tile of the tensor-core kernel, as the sweeps of scripts/gpu_q8t_check.py (2-8 tokens)
+# and scripts/gpu_mmq_check.py (16-64) chose
+MMQ_RT_FROM = 33  # from here on a matrix of 4096 rows or more takes 2 row tiles a warp (each activation fragment
+# serves both): at 64 tokens 0.7x the time of one tile on Q6_K 4096x14336 and 128256x4096, 0.9x on Q4_K; at 32 and
+# 16 even or worse (H200, scripts/gpu_mmq_check.py)
+
+
+def mmq_rt(n_out: int, n_tok: int) -> int:
+    """Row tiles of 16 a warp the tensor-core kernel takes by default for n_tok tokens of an n_out-row matrix."""
+    return 2 if n_tok >= MMQ_RT_FROM and n_out >= 4096 else 1
 
 
 def matmul_mmq(w_raw, type_name, xq, xm, y, wpr: int | None = None, packed: tuple | None = None,
@@ -437,7 +444,7 @@ def matmul_mmq(w_raw, type_name, xq, xm, y, wpr: int | None = None, packed: tupl
     a warp's 16 rows of a sub-block unpacked once for every group of 8 tokens): w_raw cupy uint8 (n_out, row_bytes) of
     a Q8T_MMA_TYPES type, xq cupy int8 (n_tok, n_in), xm cupy float32 (n_tok, n_in / 32, 4), y cupy float32 (n_tok,
     n_out). wpr: warps a row tile (1, 2, 4 or 8; None: MMQ_WPR). rt: row tiles of 16 a warp (1, or 2 from 9 tokens;
-    None: MMQ_RT). packed: the activations already in the kernel's layout (_q8_mma_pack(xq, xm, mmq_groups(n_tok))),
+    None: mmq_rt's). packed: the activations already in the kernel's layout (_q8_mma_pack(xq, xm, mmq_groups(n_tok))),
     for callers that multiply one x by several weights."""
     if type_name not in Q8T_MMA_TYPES:
         raise ValueError(f"no tensor-core kernel for {type_name}; it has: {', '.join(Q8T_MMA_TYPES)}")
@@ -449,7 +456,7 @@ def matmul_mmq(w_raw, type_name, xq, xm, y, wpr: int | None = None, packed: tupl
     wpr = MMQ_WPR if wpr is None else wpr
     if wpr not in (1, 2, 4, 8):
         raise ValueError(f"the tensor-core kernel takes 1, 2, 4 or 8 warps a row tile, found {wpr}")
-    rt = (MMQ_RT if n_tok > 8 else 1) if rt is None else rt
+    rt = mmq_rt(n_out, n_tok) if rt is None else rt
     if rt not in (1, 2) or (rt == 2 and n_tok <= 8):
         raise ValueError(f"the tensor-core kernel takes 1 row tile a warp, or 2 from 9 tokens; found {rt} at {n_tok}")
     if n_tok == 0 or n_out == 0:

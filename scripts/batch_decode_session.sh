@@ -2,8 +2,12 @@
 # The all-GPU 8B model's batched decode on the GPU machine, one device call:
 #   GPU tests of TEST_FILES (xdist, TEST_LIMIT s) beside the model's making; scripts/gpu_q8t_check.py (the products of
 #   2-8 rows, every design); hybrid bench --batched -npl 1,4,8; scripts/gpu_mixed_step.py (MIXED_ARGS: steps that
-#   carry a prompt chunk, eager and through the decode graphs).
-# env: OUT (/tmp/bdec), L8B (/tmp/l8b.gguf), TEST_FILES, TEST_LIMIT (230), STAGES (tests,q8t,batched,mixed)
+#   carry a prompt chunk, eager and through the decode graphs); with STAGES naming it, scripts/gpu_mmq_check.py (the
+#   tensor-core products of MMQ_TOKENS rows, every split); serve (hybrid serve -np 8 loaded by bench_serve.py at
+#   CONC); profile (the same under cProfile at concurrency 8); chunked (bench_chunked.py at each -b of BUDGETS);
+#   step (scripts/gpu_batch_step.py: a decode step of B sequences).
+# env: OUT (/tmp/bdec), L8B (/tmp/l8b.gguf), TEST_FILES, TEST_LIMIT (230), STAGES (default tests,q8t,batched,mixed;
+#      more: mmq,serve,profile,chunked,step), CONC (1,8,8), BUDGETS (64,8192)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bdec}
@@ -20,9 +24,11 @@ if has tests; then
 tests/test_gpu_paged.py tests/test_engine_batch.py}
   xdist=; python3 -c 'import xdist' 2>/dev/null && xdist="-n 6"
   stamp "GPU tests: $files"
-  NUMBA_NUM_THREADS=4 timeout -k 5 "${TEST_LIMIT:-230}" python3 -m pytest -q -rfEs --tb=line -p no:cacheprovider \
+  # -v: each result on its own line as it comes, so a run cut short by the limit still names its failures
+  NUMBA_NUM_THREADS=4 timeout -k 5 "${TEST_LIMIT:-230}" python3 -m pytest -v -rfEs --tb=line -p no:cacheprovider \
     $xdist $files > "$OUT/tests.log" 2>&1
-  stamp "tests rc=$?"; grep -E "^(FAILED|ERROR)|^E |^/" "$OUT/tests.log" | head -40; tail -n 2 "$OUT/tests.log"
+  stamp "tests rc=$?: $(grep -c PASSED "$OUT/tests.log") passed"
+  grep -E "(FAILED|ERROR) tests|^E |^/.*Error" "$OUT/tests.log" | head -40; tail -n 2 "$OUT/tests.log"
 fi
 wait
 stamp "model: $(ls -la "$L8B" | awk '{print $5}') bytes"
@@ -30,6 +36,11 @@ if has q8t; then
   stamp "scripts/gpu_q8t_check.py"
   timeout -k 5 150 python3 scripts/gpu_q8t_check.py --tokens 2,4,8 > "$OUT/q8t.txt" 2>&1
   grep -E "tokens: default|one token|B=" "$OUT/q8t.txt"
+fi
+if has mmq; then
+  stamp "scripts/gpu_mmq_check.py"
+  timeout -k 5 200 python3 scripts/gpu_mmq_check.py --tokens ${MMQ_TOKENS:-16,32,64} > "$OUT/mmq.txt" 2>&1
+  grep -vE "^$|^Q|capture" "$OUT/mmq.txt" | tail -n 60
 fi
 if has batched; then
   stamp "hybrid bench --batched"
@@ -40,5 +51,47 @@ if has mixed; then
   timeout -k 5 150 python3 scripts/gpu_mixed_step.py "$L8B" ${MIXED_ARGS:---chunks 28,60 --depths 512,7900 --steps 6} \
     > "$OUT/mixed.txt" 2>&1
   head -n 30 "$OUT/mixed.txt"
+fi
+serve_up() {  # serve_up PORT LOG ARGS...: hybrid serve on the 8B model (PID in SPID); 1 when it did not come up
+  local port=$1 log=$2
+  shift 2
+  "$@" > "$log" 2>&1 &
+  SPID=$!
+  wait_up "http://127.0.0.1:$port" $SPID || { echo "the server did not come up:"; tail -n 5 "$log"; return 1; }
+}
+if has serve; then  # output tokens/s at concurrency 1 and 8, all on the GPU (the issue's goal: 8 >= 5x 1)
+  stamp "hybrid serve -ngl 99 -np 8 -c 16384; bench_serve -c ${CONC:-1,8,8}"
+  if serve_up 8091 "$OUT/serve.log" python3 -m hybrid serve "$L8B" -ngl 99 -np 8 -c 16384 -t 16 --port 8091; then
+    timeout -k 5 200 python3 scripts/bench_serve.py --url http://127.0.0.1:8091 -c "${CONC:-1,8,8}" --requests 16 \
+      --prompt-tokens 256 --max-tokens 128 --prefix-tokens 0 --json "$OUT/serve.json" 2>&1 | tail -n 7
+  fi
+  kill $SPID 2>/dev/null; wait $SPID 2>/dev/null
+fi
+if has profile; then  # the worker (the CLI's main thread) under cProfile at concurrency 8
+  stamp "hybrid serve under cProfile; bench_serve -c 8"
+  if serve_up 8094 "$OUT/serve_prof.log" python3 -m cProfile -o "$OUT/worker.prof" -m hybrid serve "$L8B" -ngl 99 \
+      -np 8 -c 16384 -t 16 --port 8094; then
+    timeout -k 5 120 python3 scripts/bench_serve.py --url http://127.0.0.1:8094 -c 8 --requests 16 \
+      --prompt-tokens 256 --max-tokens 128 --prefix-tokens 0 2>&1 | tail -n 3
+  fi
+  kill -INT $SPID 2>/dev/null; wait $SPID 2>/dev/null
+  python3 -c "import pstats; s = pstats.Stats('$OUT/worker.prof'); s.sort_stats('tottime').print_stats(25); \
+s.sort_stats('cumulative').print_stats(30)" 2>&1 | grep -vE "^$|Ordered|function calls" | cut -c1-160 | head -n 70
+fi
+if has chunked; then  # 4 streams and an 8,000-token prompt at each -b of BUDGETS (a large one: unchunked)
+  for b in $(echo "${BUDGETS:-64,8192}" | tr ',' ' '); do
+    stamp "hybrid serve -ngl 99 -np 5 -c 65536 -b $b; bench_chunked --long-tokens 8000"
+    if serve_up 8093 "$OUT/serve_b$b.log" python3 -m hybrid serve "$L8B" -ngl 99 -np 5 -c 65536 -t 16 -b "$b" \
+        --port 8093; then
+      timeout -k 5 240 python3 scripts/bench_chunked.py --url http://127.0.0.1:8093 --long-tokens 8000 \
+        --label "-b $b" --json "$OUT/chunked_$b.json" 2>&1 | tail -n 4
+      curl -s http://127.0.0.1:8093/metrics | grep -E "graph" | head -4
+    fi
+    kill $SPID 2>/dev/null; wait $SPID 2>/dev/null
+  done
+fi
+if has step; then
+  stamp "scripts/gpu_batch_step.py"
+  timeout -k 5 120 python3 scripts/gpu_batch_step.py "$L8B" 2>&1 | head -n 30
 fi
 stamp done

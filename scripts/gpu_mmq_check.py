@@ -31,7 +31,7 @@ def main() -> int:
     import cupy
 
     from gpu_check import time_graph
-    from kernels_gpu.matmul import MMQ_RT, MMQ_WPR, matmul_mmq, quantize_q8_1
+    from kernels_gpu.matmul import MMQ_WPR, matmul_mmq, mmq_rt, quantize_q8_1
 
     toks = [int(t) for t in a.tokens.split(",")]
     step = {n: [0.0, 0.0] for n in toks}  # a Llama-8B step's products: default, best of the sweep
@@ -53,7 +53,7 @@ def main() -> int:
                     t = time_graph([lambda w=w: matmul_mmq(w, name, xq, xm, y, wpr=wpr, rt=rt) for w in ws])[0]
                     cells.append(f"r{rt}w{wpr}:{t * 1e6:.1f}")
                     best = min(best, (t, f"rt {rt} wpr {wpr}"))
-            print(f"  {n} tokens: default (rt {MMQ_RT}, wpr {MMQ_WPR}) {t_def * 1e6:.1f} us "
+            print(f"  {n} tokens: default (rt {mmq_rt(n_out, n)}, wpr {MMQ_WPR}) {t_def * 1e6:.1f} us "
                   f"({mb / t_def / 1e3:.0f} GB/s);"
                   f" best {best[1]} {best[0] * 1e6:.1f} us ({mb / best[0] / 1e3:.0f} GB/s)"
                   f"\n    us: {' '.join(cells)}", flush=True)
