@@ -6,6 +6,7 @@ starcoder), 46 strings each, tokenized with add_special=False, parse_special=Fal
 
 from __future__ import annotations
 
+import zlib
 from functools import lru_cache
 from pathlib import Path
 
@@ -135,6 +136,44 @@ def test_pieces_and_decode():
     assert gpt2.decode(gpt2.encode("Hello world", add_special=False)) == "Hello world"
 
 
+def _clean_spaces_loops(text: bytes) -> bytes:
+    """llama.cpp's three loops of clean_up_tokenization_spaces, transcribed (the reference for the regexes)."""
+    t = bytearray(text)
+    out = bytearray(t[:1])
+    for i in range(1, len(t)):
+        if t[i - 1] == 0x20 and t[i] in b"?!.,":
+            out.pop()
+        out.append(t[i])
+    t, out = out, bytearray(out[:1])
+    i = 1
+    while i < len(t):
+        x = t[i]
+        if x == 0x27 and i + 1 < len(t) and t[i - 1] == 0x20 and t[i + 1] == 0x20:
+            out.pop()
+            i += 1
+            t[i] = 0
+        out.append(x)
+        i += 1
+    t, out = out, bytearray(out[:1])
+    n = len(t)
+    for i in range(1, n):
+        x = t[i]
+        if t[i - 1] == 0x20 and x == 0x27 and i + 1 < n:
+            x1 = t[i + 1]
+            if x1 in b"sm" or (i + 2 < n and (x1, t[i + 2]) in ((0x72, 0x65), (0x76, 0x65))):
+                out.pop()
+        out.append(x)
+    return bytes(out)
+
+
+def test_clean_spaces_matches_the_loops_on_random_text():
+    rng = np.random.default_rng(4)
+    alphabet = np.frombuffer(b" ' ?!.,smrve xa", np.uint8)
+    for _ in range(3000):
+        text = alphabet[rng.integers(0, len(alphabet), int(rng.integers(0, 24)))].tobytes()
+        assert clean_spaces(text) == _clean_spaces_loops(text), text
+
+
 def test_clean_spaces_like_llama_cpp():
     assert clean_spaces(b"Hello , world !") == b"Hello, world!"
     assert clean_spaces(b"it 's a ' b") == b"it's a'b"
@@ -195,6 +234,27 @@ def test_round_trip_random_text(name):
             assert out == text
 
     check()
+
+
+@pytest.mark.parametrize("name", VOCABS)
+@pytest.mark.parametrize("special", [False, True])
+def test_text_stream_emits_what_a_full_decode_gives(name, special):
+    """TextStream's pieces (appended a token at a time, spaces cleaned up on the joined bytes) against decode of
+    every prefix, on random ids (control tokens and split multi-byte characters included): each
+    push gives the new complete text of the prefix's decode, and the pushes plus flush give the whole decode."""
+    from hybrid.text.stream import TextStream
+
+    tok = tokenizer(name)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    for _ in range(20):
+        ids = [int(i) for i in rng.integers(0, tok.n_vocab, int(rng.integers(1, 40)))]
+        stream, out = TextStream(tok, special=special), ""
+        for n, t in enumerate(ids, 1):
+            out += stream.push(t)
+            full = tok.decode(ids[:n], unparse_special=special)
+            assert out == (full if not full.endswith("\ufffd") else out), (name, ids[:n])
+            assert full.startswith(out)
+        assert out + stream.flush() == tok.decode(ids, unparse_special=special)
 
 
 def _byte_vocab(pre: str) -> dict:

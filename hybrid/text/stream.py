@@ -11,11 +11,13 @@ class TextStream:
         self.special = special
         self.ids: list[int] = []
         self.emitted = ""
+        self._bytes = bytearray()  # the pieces of ids, joined (Tokenizer.decode_piece), before clean_text
 
     def push(self, token_id: int) -> str:
         """The new text that token_id completes ("" while a multi-byte character is still partial)."""
+        self._bytes += self.tok.decode_piece(token_id, not self.ids, self.special)
         self.ids.append(token_id)
-        text = self.tok.decode(self.ids, unparse_special=self.special)
+        text = self.tok.clean_text(bytes(self._bytes)).decode("utf-8", "replace")  # = decode(self.ids)
         if text.endswith("\ufffd"):
             return ""  # wait for the rest of the character
         new = text[len(self.emitted):]

@@ -6,6 +6,8 @@ becomes text once the bytes are joined, so text is decoded (errors='replace') af
 
 from __future__ import annotations
 
+import re
+
 from hybrid.text.tokenizer.unicode import CHAR_TO_BYTE
 from hybrid.text.tokenizer.vocab import ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED, Vocab
 
@@ -77,34 +79,15 @@ class PieceCache:
         return clean_spaces(text) if v.clean_spaces else text
 
 
+# clean_spaces' three passes (llama.cpp's loops): each removes one space, decided by the bytes around it
+_SPACE_BEFORE_PUNCT = re.compile(rb" (?=[?!.,])")
+_SPACED_QUOTE = re.compile(rb" ' ")  # left to right, not overlapping: the space after a match starts no other
+_SPACE_BEFORE_CONTRACTION = re.compile(rb" (?='(?:[sm]|re|ve))")
+
+
 def clean_spaces(text: bytes) -> bytes:
-    """llama.cpp's clean_up_tokenization_spaces: " ?", " !", " .", " ,", " ' ", " 's", " 'm", " 're", " 've"."""
-    t = bytearray(text)
-    # pass 1: drop the space before ? ! . ,
-    out = bytearray(t[:1])
-    for i in range(1, len(t)):
-        if t[i - 1] == 0x20 and t[i] in b"?!.,":
-            out.pop()
-        out.append(t[i])
-    # pass 2: " ' " -> "'"
-    t, out = out, bytearray(out[:1])
-    i = 1
-    while i < len(t):
-        x = t[i]
-        if x == 0x27 and i + 1 < len(t) and t[i - 1] == 0x20 and t[i + 1] == 0x20:
-            out.pop()
-            i += 1  # the space after is skipped too ...
-            t[i] = 0  # ... and llama.cpp overwrites it, so it cannot start another " ' "
-        out.append(x)
-        i += 1
-    # pass 3: " 's", " 'm", " 're", " 've" lose their space
-    t, out = out, bytearray(out[:1])
-    n = len(t)
-    for i in range(1, n):
-        x = t[i]
-        if t[i - 1] == 0x20 and x == 0x27 and i + 1 < n:
-            x1 = t[i + 1]
-            if x1 in b"sm" or (i + 2 < n and (x1, t[i + 2]) in ((0x72, 0x65), (0x76, 0x65))):
-                out.pop()
-        out.append(x)
-    return bytes(out)
+    """llama.cpp's clean_up_tokenization_spaces: " ?", " !", " .", " ," lose their space; then " ' " becomes "'";
+    then " 's", " 'm", " 're", " 've" lose their space."""
+    text = _SPACE_BEFORE_PUNCT.sub(b"", text)
+    text = _SPACED_QUOTE.sub(b"'", text)
+    return _SPACE_BEFORE_CONTRACTION.sub(b"", text)

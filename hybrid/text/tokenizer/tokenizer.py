@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from hybrid.errors import TokenizerError
 
 from hybrid.text.tokenizer.bpe import BpeModel
-from hybrid.text.tokenizer.detokenize import PieceCache
+from hybrid.text.tokenizer.detokenize import PieceCache, clean_spaces
 from hybrid.text.tokenizer.special import partition
 from hybrid.text.tokenizer.spm import SpmModel
 from hybrid.text.tokenizer.vocab import ATTR_CONTROL, NULL, Vocab, load_vocab
@@ -71,6 +71,16 @@ class Tokenizer:
     def decode_bytes(self, ids: Iterable[int], remove_special: bool = False, unparse_special: bool = False) -> bytes:
         ids = [self._check(i) for i in ids]
         return self._pieces.detokenize(ids, remove_special, unparse_special)
+
+    def decode_piece(self, token_id: int, first: bool, unparse_special: bool = False) -> bytes:
+        """The bytes token_id adds to decode_bytes(ids) (remove_special off) when appended to ids (first: ids was
+        empty), before the clean-up of spaces (clean_text): a stream of tokens decodes in time linear in its
+        length."""
+        return self._pieces.piece(self._check(token_id), unparse_special, first and self.vocab.add_space_prefix)
+
+    def clean_text(self, raw: bytes) -> bytes:
+        """decode_bytes' last step on joined pieces: llama.cpp's clean-up of spaces where the vocab asks for it."""
+        return clean_spaces(raw) if self.vocab.clean_spaces else raw
 
     def piece(self, token_id: int, special: bool = True) -> str:
         """llama_token_to_piece as text (a lone part of a multi-byte character shows as U+FFFD)."""
