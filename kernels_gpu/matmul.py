@@ -368,8 +368,10 @@ def q8t_config(type_name: str, n_out: int, n_tok: int, kernel: str | None = None
     defaults come from the H200 sweep of scripts/gpu_q8t_check.py on Llama-8B's matrices: Q4_K from 4096 rows takes
     the tensor cores on repacked activations, 8 warps a row tile, from 5 tokens (from 4 at 8192 rows and more;
     8 tokens of 14336x4096: 1706 GB/s against dp4a's best 825), else dp4a with 4 rows a warp and 2 warps a row (4
-    tokens: 1458 against 1148 for 2 rows and 1 warp); Q6_K and short matrices keep dp4a with 2 rows a warp (4 at 8
-    tokens), 1 warp a row from 4096 rows. The tensor-core kernels take 16 rows a warp (rpw is not used)."""
+    tokens: 1458 against 1148 for 2 rows and 1 warp); Q6_K from 4096 rows takes the tensor cores from 2 tokens
+    (Q6K_MMA_FROM; 8 tokens of 128256x4096: 214 us against dp4a's 557, of 4096x14336 31 against 66); shorter matrices
+    keep dp4a with 2 rows a warp (4 at 8 tokens), 1 warp a row from 4096 rows. The tensor-core kernels take 16 rows a
+    warp (rpw is not used)."""
     big = n_out >= 4096
     if kernel is None:
         if type_name == "Q6_K":

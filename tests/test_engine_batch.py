@@ -24,6 +24,41 @@ def test_ubatches_cut_the_stacked_rows():
     assert _ubatches([1, 1, 1], 512) == [[(0, 0, 1), (1, 0, 1), (2, 0, 1)]]
 
 
+def test_mixed_steps_take_the_decode_graphs_only_where_every_product_captures():
+    """Engine._mixed_graph: a batch with a prompt chunk, at most MIXED_GRAPH_MAX_ROWS rows of a dense model whose
+    layers and output are on one backend that replays decode steps, and whose matrices' types all have a kernel a
+    capture takes for that many rows (GpuBackend.captures_products: up to 8 rows any type; 9-64 rows, Q4_K and
+    Q6_K's tensor-core kernels, not cuBLAS)."""
+    from types import SimpleNamespace
+
+    from hybrid.backends.gpu import GpuBackend
+    from hybrid.engine.engine import MIXED_GRAPH_MAX_ROWS
+
+    class Replays:  # a backend that replays decode steps (the check reads only that it has decode_step)
+        captures_products = staticmethod(GpuBackend.captures_products)
+
+        def decode_step(self):
+            raise AssertionError("not called")
+
+    be = Replays()
+
+    def engine(types=("Q4_K", "Q6_K"), out="Q6_K", n_expert=0, backends=None):
+        return SimpleNamespace(config=SimpleNamespace(n_expert=n_expert), output_backend=be,
+                               backends=[be, be] if backends is None else backends, _matrix_types=frozenset(types),
+                               weights=SimpleNamespace(output=SimpleNamespace(type_name=out)))
+
+    mixed = Engine._mixed_graph
+    assert mixed(engine(), [1, 1, 20, 1]) and mixed(engine(), [1] * 4 + [MIXED_GRAPH_MAX_ROWS - 4])
+    assert not mixed(engine(), [1] * 4 + [MIXED_GRAPH_MAX_ROWS - 3])  # past the rows a graph takes
+    assert not mixed(engine(), [1] * 12)  # a decode batch past GRAPH_MAX_TOKENS stays eager
+    assert not mixed(engine(types=("Q4_K", "Q5_K")), [1, 1, 20])  # Q5_K's 23 rows: cuBLAS
+    assert mixed(engine(types=("Q4_K", "Q5_K")), [1, 1, 4])  # 6 rows: the matvec kernels
+    assert not mixed(engine(out="F16"), [1] * 9 + [4])  # the output's 10 rows of F16: cuBLAS
+    assert mixed(engine(out="F16"), [1] * 7 + [4])  # its 8 rows: the matvec kernel
+    assert not mixed(engine(n_expert=8), [1, 20])  # MoE routing leaves the graph
+    assert not mixed(engine(backends=[be, object()]), [1, 20])  # a layer elsewhere (a split model)
+
+
 @pytest.fixture(scope="module", params=["llama", "gemma3", "qwen3moe"])
 def model_path(request, tmp_path_factory):
     path = tmp_path_factory.mktemp("batch") / f"{request.param}.gguf"

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -364,18 +365,22 @@ class Engine:
         return out
 
     def _mixed_graph(self, lengths: list[int]) -> bool:
-        """Whether a batch of sequences of these lengths (some of several tokens) runs as a decode graph: at most
+        """Whether a batch of sequences of these lengths, some of several tokens, runs as a decode graph: at most
         MIXED_GRAPH_MAX_ROWS rows of a dense model, every layer and the output on one GPU backend that replays
         decode steps, and every product of the step one that a capture takes."""
         n = sum(lengths)
-        if n > MIXED_GRAPH_MAX_ROWS or self.config.n_expert > 0:  # (op offload: only beside CPU layers, excluded below)
-            return False
+        if n > MIXED_GRAPH_MAX_ROWS or self.config.n_expert > 0 or max(lengths) == 1:  # (a decode batch of more
+            return False  # than GRAPH_MAX_TOKENS stays eager: not yet run through here; op offload: excluded below)
         be = self.output_backend
         if not (hasattr(be, "decode_step") and all(b is be for b in self.backends)):
             return False
-        layer_types = {w.type_name for lw in self.weights.layers for w in lw.values() if len(w.shape) == 2}
-        return be.captures_products(layer_types, n) and be.captures_products({self.weights.output.type_name},
-                                                                               len(lengths))
+        return be.captures_products(self._matrix_types, n) and be.captures_products({self.weights.output.type_name},
+                                                                                      len(lengths))
+
+    @cached_property
+    def _matrix_types(self) -> frozenset[str]:
+        """The GGML types of the repeating layers' matrices."""
+        return frozenset(w.type_name for lw in self.weights.layers for w in lw.values() if len(w.shape) == 2)
 
     @property
     def _graphs(self) -> bool:
