@@ -5,9 +5,10 @@
 #   carry a prompt chunk, eager and through the decode graphs); with STAGES naming it, scripts/gpu_mmq_check.py (the
 #   tensor-core products of MMQ_TOKENS rows, every split); serve (hybrid serve -np 8 loaded by bench_serve.py at
 #   CONC); profile (the same under cProfile at concurrency 8); chunked (bench_chunked.py at each -b of BUDGETS);
-#   step (scripts/gpu_batch_step.py: a decode step of B sequences).
+#   step (scripts/gpu_batch_step.py: a decode step of B sequences); ops (scripts/gpu_step_ops.py: its GPU time op by
+#   op at B = 1 and 8).
 # env: OUT (/tmp/bdec), L8B (/tmp/l8b.gguf), TEST_FILES, TEST_LIMIT (230), STAGES (default tests,q8t,batched,mixed;
-#      more: mmq,serve,profile,chunked,step), CONC (1,8,8), BUDGETS (64,8192)
+#      more: mmq,serve,profile,chunked,step,ops), CONC (1,8,8), BUDGETS (64,8192)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bdec}
@@ -15,6 +16,7 @@ L8B=${L8B:-/tmp/l8b.gguf}
 MODEL=$L8B
 MAKE_ARGS="--arch llama --preset llama-8b"
 source scripts/session_lib.sh
+exec > >(tee -a "$OUT/session.log") 2>&1  # a copy in OUT: it comes back even when the call runs past its limit
 STAGES=${STAGES:-tests,q8t,batched,mixed}
 has() { [[ ,$STAGES, == *,$1,* ]]; }
 
@@ -59,13 +61,19 @@ serve_up() {  # serve_up PORT LOG ARGS...: hybrid serve on the 8B model (PID in 
   SPID=$!
   wait_up "http://127.0.0.1:$port" $SPID || { echo "the server did not come up:"; tail -n 5 "$log"; return 1; }
 }
+serve_down() {  # serve_down SIGNAL: stop SPID, at most 20 s (a server under cProfile once never exited on SIGINT)
+  kill -"$1" $SPID 2>/dev/null
+  for _ in $(seq 40); do kill -0 $SPID 2>/dev/null || break; sleep 0.5; done
+  kill -0 $SPID 2>/dev/null && { echo "the server did not stop on SIG$1: killed"; kill -9 $SPID; }
+  wait $SPID 2>/dev/null
+}
 if has serve; then  # output tokens/s at concurrency 1 and 8, all on the GPU (the issue's goal: 8 >= 5x 1)
   stamp "hybrid serve -ngl 99 -np 8 -c 16384; bench_serve -c ${CONC:-1,8,8}"
   if serve_up 8091 "$OUT/serve.log" python3 -m hybrid serve "$L8B" -ngl 99 -np 8 -c 16384 -t 16 --port 8091; then
     timeout -k 5 200 python3 scripts/bench_serve.py --url http://127.0.0.1:8091 -c "${CONC:-1,8,8}" --requests 16 \
       --prompt-tokens 256 --max-tokens 128 --prefix-tokens 0 --json "$OUT/serve.json" 2>&1 | tail -n 7
   fi
-  kill $SPID 2>/dev/null; wait $SPID 2>/dev/null
+  serve_down TERM
 fi
 if has profile; then  # the worker (the CLI's main thread) under cProfile at concurrency 8
   stamp "hybrid serve under cProfile; bench_serve -c 8"
@@ -74,8 +82,8 @@ if has profile; then  # the worker (the CLI's main thread) under cProfile at con
     timeout -k 5 120 python3 scripts/bench_serve.py --url http://127.0.0.1:8094 -c 8 --requests 16 \
       --prompt-tokens 256 --max-tokens 128 --prefix-tokens 0 2>&1 | tail -n 3
   fi
-  kill -INT $SPID 2>/dev/null; wait $SPID 2>/dev/null
-  python3 -c "import pstats; s = pstats.Stats('$OUT/worker.prof'); s.sort_stats('tottime').print_stats(25); \
+  serve_down INT
+  [[ -f $OUT/worker.prof ]] && python3 -c "import pstats; s = pstats.Stats('$OUT/worker.prof'); s.sort_stats('tottime').print_stats(25); \
 s.sort_stats('cumulative').print_stats(30)" 2>&1 | grep -vE "^$|Ordered|function calls" | cut -c1-160 | head -n 70
 fi
 if has chunked; then  # 4 streams and an 8,000-token prompt at each -b of BUDGETS (a large one: unchunked)
@@ -87,8 +95,12 @@ if has chunked; then  # 4 streams and an 8,000-token prompt at each -b of BUDGET
         --label "-b $b" --json "$OUT/chunked_$b.json" 2>&1 | tail -n 4
       curl -s http://127.0.0.1:8093/metrics | grep -E "graph" | head -4
     fi
-    kill $SPID 2>/dev/null; wait $SPID 2>/dev/null
+    serve_down TERM
   done
+fi
+if has ops; then
+  stamp "scripts/gpu_step_ops.py"
+  timeout -k 5 150 python3 scripts/gpu_step_ops.py "$L8B" -b 1,8 2>&1 | tee "$OUT/step_ops.txt" | head -n 60
 fi
 if has step; then
   stamp "scripts/gpu_batch_step.py"

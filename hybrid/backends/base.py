@@ -111,6 +111,10 @@ class GraphDecoding(Protocol):
     def gather_rows(self, x, rows):
         """x[rows] (rows: device int32 indices, read when the kernel runs): a mixed batch's rows for the output."""
 
+    def captures_products(self, type_names, n_rows: int) -> bool:
+        """Whether products of n_rows rows by weights of these GGML types can join a captured step (a mixed batch
+        runs through decode_step only then)."""
+
     def graph_report(self) -> str:
         """How decode steps ran: graphs captured and replayed, or eager launches and why."""
 

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Where a GPU decode step of B sequences spends its GPU time, op by op: Engine.eval_batch over paged caches of one
+pool (one token each, as `hybrid serve -np N` steps), run eagerly with CUDA events around every GpuBackend call, GPU
+us a step per call and weight (the outermost calls; what they call inside is in their time), next to the same
+step replayed as a CUDA graph (host wall time, the server's case).
+
+    python3 scripts/gpu_step_ops.py MODEL [-b 1,8] [--depth 256] [--steps 10]
+
+Events add a little GPU idle time between ops, so the eager sum is a bound on the graph's GPU time, not its equal."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from collections import defaultdict
+
+import numpy as np
+
+SKIP = {"decode_step", "to_host", "from_host", "upload", "alloc_like", "free_bytes", "limit_memory", "graph_report",
+        "host_call", "report_routing", "captures_products", "new_kv_layer"}
+
+
+def _kind(args) -> str:
+    """The weights an op multiplies, layer numbers dropped (blk.3.attn_q.weight -> attn_q)."""
+    names = []
+    for a in args[:1]:
+        for w in a if isinstance(a, (list, tuple)) else [a]:
+            name = getattr(w, "name", None)
+            if isinstance(name, str):
+                names.append(re.sub(r"^blk\.\d+\.|\.weight$", "", name))
+    return "+".join(names)
+
+
+class OpTimer:
+    """Wraps a backend's public methods: CUDA events around each outermost call on the current stream."""
+
+    def __init__(self, backend, cupy):
+        self.cp, self.depth, self.pending, self.names = cupy, 0, [], []
+        for name in dir(backend):
+            fn = getattr(backend, name)
+            if name.startswith("_") or name in SKIP or not callable(fn) or isinstance(fn, type):
+                continue
+            setattr(backend, name, self._wrap(name, fn))
+            self.names.append(name)
+        self.backend = backend
+
+    def close(self) -> None:
+        """The backend's own methods back."""
+        for name in self.names:
+            delattr(self.backend, name)
+
+    def _wrap(self, name, fn):
+        def timed(*args, **kw):
+            if self.depth:
+                return fn(*args, **kw)
+            a, b = self.cp.cuda.Event(), self.cp.cuda.Event()
+            a.record()
+            self.depth += 1
+            try:
+                return fn(*args, **kw)
+            finally:
+                self.depth -= 1
+                b.record()
+                self.pending.append((f"{name} {_kind(args)}".strip(), a, b))
+        return timed
+
+    def collect(self) -> dict[str, list[float]]:
+        """us and calls per op since the last collect (synchronizes)."""
+        out: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+        for key, a, b in self.pending:
+            b.synchronize()
+            out[key][0] += 1000 * self.cp.cuda.get_elapsed_time(a, b)
+            out[key][1] += 1
+        self.pending = []
+        return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model")
+    ap.add_argument("-b", "--batch", default="1,8")
+    ap.add_argument("--depth", type=int, default=256)
+    ap.add_argument("--steps", type=int, default=10)
+    a = ap.parse_args()
+    import cupy  # noqa: PLC0415
+
+    from hybrid.engine import Engine, EngineParams  # noqa: PLC0415
+    from hybrid.kv.paged import PagedKV  # noqa: PLC0415
+
+    e = Engine.load(a.model, EngineParams(n_ctx=8192, n_gpu_layers="all"))
+    gpu = next(be for be in e.backends if be.name == "gpu")
+    rng = np.random.default_rng(0)
+    sizes = [int(x) for x in a.batch.split(",")]
+    tables = {}
+    for b in sizes:
+        kv = PagedKV(e.config, e.backends, b * (a.depth + a.steps + 80) // 64 + 8, 64, e.params.type_k,
+                     e.params.type_v)
+        seqs = [kv.sequence(a.depth + a.steps + 64) for _ in range(b)]
+        e.eval_batch([(rng.integers(3, e.config.n_vocab, a.depth), s) for s in seqs])
+
+        def step():
+            e.eval_batch([(rng.integers(3, e.config.n_vocab, 1), s) for s in seqs])
+
+        for _ in range(3):  # eager, captured, replayed
+            step()
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            step()
+        graph_ms = 1000 * (time.perf_counter() - t0) / a.steps
+        for s in seqs:
+            s.n_past = a.depth
+        gpu.use_graphs = False
+        timer = OpTimer(gpu, cupy)
+        step()
+        timer.collect()  # the first eager step's compiles and allocations left out
+        t0 = time.perf_counter()
+        for _ in range(a.steps):
+            step()
+        eager_ms = 1000 * (time.perf_counter() - t0) / a.steps
+        ops = timer.collect()
+        timer.close()
+        gpu.use_graphs = True
+        tables[b] = {k: (us / a.steps, n // a.steps) for k, (us, n) in ops.items()}
+        total = sum(us for us, _ in tables[b].values())
+        print(f"B={b}: graph step {graph_ms:.2f} ms (host wall); eager step {eager_ms:.2f} ms, its ops' GPU time "
+              f"{total / 1000:.2f} ms", flush=True)
+    keys = sorted({k for t in tables.values() for k in t}, key=lambda k: -max(t.get(k, (0, 0))[0] for t in
+                                                                              tables.values()))
+    print("\n| op | " + " | ".join(f"B={b} us a step (calls)" for b in sizes) + " |")
+    print("|---" * (len(sizes) + 1) + "|")
+    for k in keys:
+        cells = [f"{tables[b][k][0]:.0f} ({tables[b][k][1]})" if k in tables[b] else "" for b in sizes]
+        print(f"| {k} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
