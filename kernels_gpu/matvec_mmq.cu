@@ -174,13 +174,16 @@ __device__ __forceinline__ void mmq_q4_k_body(const u8* __restrict__ w, const i8
                                                          int n_out, int n_blocks, int ntok, int wpr) {             \
         BODY<NG, RT>(w, pq, pm, y, n_out, n_blocks, ntok, wpr);                                                    \
     }
-MMQ_ENTRY(matvec_mmq_q4_k, mmq_q4_k_body, 1, 1)
-MMQ_ENTRY(matvec_mmq_q4_k_g2, mmq_q4_k_body, 2, 1)
-MMQ_ENTRY(matvec_mmq_q4_k_g4, mmq_q4_k_body, 4, 1)
-MMQ_ENTRY(matvec_mmq_q4_k_g8, mmq_q4_k_body, 8, 1)
-MMQ_ENTRY(matvec_mmq_q4_k_g2_t2, mmq_q4_k_body, 2, 2)
-MMQ_ENTRY(matvec_mmq_q4_k_g4_t2, mmq_q4_k_body, 4, 2)
-MMQ_ENTRY(matvec_mmq_q4_k_g8_t2, mmq_q4_k_body, 8, 2)
+// every entry a type has: 1 (2-8 tokens), 2, 4, 8 column groups; 2 row tiles a warp from 2 groups (matmul.mmq_rt)
+#define MMQ_ENTRIES(TYPE, BODY)                                                                                    \
+    MMQ_ENTRY(matvec_mmq_##TYPE, BODY, 1, 1)                                                                      \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_g2, BODY, 2, 1)                                                                 \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_g4, BODY, 4, 1)                                                                 \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_g8, BODY, 8, 1)                                                                 \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_g2_t2, BODY, 2, 2)                                                              \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_g4_t2, BODY, 4, 2)                                                              \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_g8_t2, BODY, 8, 2)
+MMQ_ENTRIES(q4_k, mmq_q4_k_body)
 
 // quantize_q8_1's activations of ntok <= T tokens (xq (ntok, n), xm (ntok, n / 32, 4)) in matvec_mmq's layout for
 // T token columns (T = 8 NG): pq (n / 32, T, 32) int8 (token-major within a q8 block) and pm (n / 32, T, 2) float32 =

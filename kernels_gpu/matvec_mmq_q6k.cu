@@ -188,10 +188,4 @@ __device__ __forceinline__ void mmq_q6_k_body(const u8* __restrict__ w, const i8
     mmq_store<NG, RT>(acc, (float*)mmq_smem, warp, lane, sub, wpr, row0, n_out, ntok, y);
 }
 
-MMQ_ENTRY(matvec_mmq_q6_k, mmq_q6_k_body, 1, 1)
-MMQ_ENTRY(matvec_mmq_q6_k_g2, mmq_q6_k_body, 2, 1)
-MMQ_ENTRY(matvec_mmq_q6_k_g4, mmq_q6_k_body, 4, 1)
-MMQ_ENTRY(matvec_mmq_q6_k_g8, mmq_q6_k_body, 8, 1)
-MMQ_ENTRY(matvec_mmq_q6_k_g2_t2, mmq_q6_k_body, 2, 2)
-MMQ_ENTRY(matvec_mmq_q6_k_g4_t2, mmq_q6_k_body, 4, 2)
-MMQ_ENTRY(matvec_mmq_q6_k_g8_t2, mmq_q6_k_body, 8, 2)
+MMQ_ENTRIES(q6_k, mmq_q6_k_body)

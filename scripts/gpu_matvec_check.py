@@ -84,6 +84,12 @@ def device_weight(name: str, n_out: int, n_in: int, seed: int):
     return raw.reshape(n_out, -1)
 
 
+def rotating_copies(name: str, n_out: int, n_in: int, seed: int) -> list:
+    """device_weight and copies of it, >= 256 MB in all (2 to 16): timed in turn, none is in the 50 MB L2."""
+    w1 = device_weight(name, n_out, n_in, seed)
+    return [w1] + [w1.copy() for _ in range(max(2, min(16, -(-(256 << 20) // w1.nbytes))) - 1)]
+
+
 def bench(sweep: bool) -> None:
     import cupy
 
@@ -97,9 +103,8 @@ def bench(sweep: bool) -> None:
     rows, token = [], [0.0, 0.0]
     best_rows = []
     for i, (name, n_out, n_in, calls) in enumerate(SHAPES):
-        w1 = device_weight(name, n_out, n_in, i)
-        n_copies = max(2, min(16, -(-(256 << 20) // w1.nbytes)))  # >= 256 MB in all: the 50 MB L2 holds none
-        ws = [w1] + [w1.copy() for _ in range(n_copies - 1)]
+        ws = rotating_copies(name, n_out, n_in, i)
+        w1 = ws[0]
         x = cupy.asarray(np.random.default_rng(i).standard_normal((1, n_in)).astype(np.float32))
         y = cupy.empty((1, n_out), dtype=cupy.float32)
         t_old = time_graph([lambda w=w: matmul(w, name, x, out=y, path="matvec", q8=False) for w in ws])[0]

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from gpu_matvec_check import SHAPES, device_weight  # noqa: E402
+from gpu_matvec_check import SHAPES, rotating_copies  # noqa: E402
 
 
 def main() -> int:
@@ -37,9 +37,8 @@ def main() -> int:
     step = {n: [0.0, 0.0] for n in toks}  # a Llama-8B step's products: default, best of the sweep
     picks = []
     for i, (name, n_out, n_in, calls) in enumerate(SHAPES):
-        w1 = device_weight(name, n_out, n_in, i)
-        n_copies = max(2, min(16, -(-(256 << 20) // w1.nbytes)))
-        ws = [w1] + [w1.copy() for _ in range(n_copies - 1)]
+        ws = rotating_copies(name, n_out, n_in, i)
+        w1 = ws[0]
         mb = w1.nbytes / 1e6
         print(f"\n{name} {n_out}x{n_in} ({mb:.1f} MB)", flush=True)
         for n in toks:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from gpu_matvec_check import SHAPES, device_weight  # noqa: E402
+from gpu_matvec_check import SHAPES, rotating_copies  # noqa: E402
 
 
 def configs(name: str):
@@ -47,9 +47,8 @@ def main() -> int:
     step = {n: [0.0, 0.0, 0.0] for n in toks}  # a Llama-8B step: one-token kernel x n, default, best of the sweep
     picks = []
     for i, (name, n_out, n_in, calls) in enumerate(SHAPES):
-        w1 = device_weight(name, n_out, n_in, i)
-        n_copies = max(2, min(16, -(-(256 << 20) // w1.nbytes)))
-        ws = [w1] + [w1.copy() for _ in range(n_copies - 1)]
+        ws = rotating_copies(name, n_out, n_in, i)
+        w1 = ws[0]
         mb = w1.nbytes / 1e6
         x1 = cupy.asarray(np.random.default_rng(i).standard_normal((1, n_in)).astype(np.float32))
         xq1, xm1 = quantize_q8_1(x1)
