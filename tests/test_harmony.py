@@ -74,6 +74,12 @@ class FakeTokenizer:
     def decode(self, ids, remove_special=False, unparse_special=False):
         return "".join(p for p in (self.PIECES[i] for i in ids) if unparse_special or not p.startswith("<|"))
 
+    def decode_piece(self, token_id, first, unparse_special=False):  # TextStream's calls: a token's bytes ...
+        return self.decode([token_id], unparse_special=unparse_special).encode()
+
+    def clean_text(self, raw):  # ... and the joined bytes as they are (no clean-up of spaces)
+        return raw
+
     def is_eog(self, t):
         return t == 10
 
