@@ -83,7 +83,7 @@ def main() -> None:
             row = []
             for _, graph_rows, mmq_rows, mma in configs:
                 ke.MIXED_GRAPH_MAX_ROWS, km.MMQ_MAX_TOKENS, ka.PREFILL_MMA = graph_rows, mmq_rows, mma
-                for _ in range(2):  # eager, then captured (the graph's first replay comes next)
+                for _ in range(3):  # eager, eager in the graph runner, captured (Engine.MIXED_SEEN); replays next
                     step(d, c)
                 t0 = time.perf_counter()
                 for _ in range(a.steps):

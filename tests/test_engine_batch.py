@@ -28,11 +28,12 @@ def test_mixed_steps_take_the_decode_graphs_only_where_every_product_captures():
     """Engine._mixed_graph: a batch with a prompt chunk, at most MIXED_GRAPH_MAX_ROWS rows of a dense model whose
     layers and output are on one backend that replays decode steps, and whose matrices' types all have a kernel a
     capture takes for that many rows (GpuBackend.captures_products: up to 8 rows any type; 9-64 rows, Q4_K and
-    Q6_K's tensor-core kernels, not cuBLAS)."""
+    Q6_K's tensor-core kernels, not cuBLAS); a composition from its second step on (the first runs eagerly and
+    leaves no graph entry), the last MIXED_SEEN remembered."""
     from types import SimpleNamespace
 
     from hybrid.backends.gpu import GpuBackend
-    from hybrid.engine.engine import MIXED_GRAPH_MAX_ROWS
+    from hybrid.engine.engine import MIXED_GRAPH_MAX_ROWS, MIXED_SEEN
 
     class Replays:  # a backend that replays decode steps (the check reads only that it has decode_step)
         captures_products = staticmethod(GpuBackend.captures_products)
@@ -45,9 +46,21 @@ def test_mixed_steps_take_the_decode_graphs_only_where_every_product_captures():
     def engine(types=("Q4_K", "Q6_K"), out="Q6_K", n_expert=0, backends=None):
         return SimpleNamespace(config=SimpleNamespace(n_expert=n_expert), output_backend=be,
                                backends=[be, be] if backends is None else backends, _matrix_types=frozenset(types),
-                               weights=SimpleNamespace(output=SimpleNamespace(type_name=out)))
+                               weights=SimpleNamespace(output=SimpleNamespace(type_name=out)), mixed_seen={})
 
-    mixed = Engine._mixed_graph
+    def mixed(e, lengths):  # a composition's second step: the first runs eagerly
+        first = Engine._mixed_graph(e, lengths)
+        again = Engine._mixed_graph(e, lengths)
+        assert not first or not again  # never a graph at first sight
+        return again
+
+    e = engine()
+    assert not Engine._mixed_graph(e, [1, 1, 20, 1]) and Engine._mixed_graph(e, [1, 1, 20, 1])
+    assert Engine._mixed_graph(e, [1, 1, 20, 1])  # and from then on
+    others = [[a, b] for a in range(1, 20) for b in range(2, 40)][:MIXED_SEEN]
+    for lengths in others:  # MIXED_SEEN other compositions push it out
+        Engine._mixed_graph(e, lengths)
+    assert len(e.mixed_seen) == MIXED_SEEN and not Engine._mixed_graph(e, [1, 1, 20, 1])
     assert mixed(engine(), [1, 1, 20, 1]) and mixed(engine(), [1] * 4 + [MIXED_GRAPH_MAX_ROWS - 4])
     assert not mixed(engine(), [1] * 4 + [MIXED_GRAPH_MAX_ROWS - 3])  # past the rows a graph takes
     assert not mixed(engine(), [1] * 12)  # a decode batch past GRAPH_MAX_TOKENS stays eager

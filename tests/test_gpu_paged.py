@@ -226,14 +226,15 @@ def test_mixed_steps_through_the_graphs_give_each_sequence_its_own_logits(engine
     rng = np.random.default_rng(11)
     kv, _ = _scrambled_pool(engine, 64)
     prompts = [[int(t) for t in rng.integers(3, SHAPE.n_vocab, n)] for n in (5, 9, 30)]
-    long_prompt = [int(t) for t in rng.integers(3, SHAPE.n_vocab, 97)]
+    long_prompt = [int(t) for t in rng.integers(3, SHAPE.n_vocab, 117)]
     late = [int(t) for t in rng.integers(3, SHAPE.n_vocab, 6)]
     seqs = [kv.sequence(256) for _ in range(5)]  # A, B, C decode; L takes the long prompt in chunks; M arrives late
     engine.eval_batch(list(zip(prompts, seqs)))
-    # (sequence, tokens) per step: L's 20-token chunk between decode rows (two runs of the decode kernel), four
-    # times (eager, captured, replayed twice), then L's last 17 beside all three and M's first 6 at the end
+    # (sequence, tokens) per step: L's 20-token chunk between decode rows (two runs of the decode kernel), five
+    # times (eager off the graphs, eager in the graph runner, captured, replayed twice; Engine.MIXED_SEEN), then L's
+    # last 17 beside all three and M's first 6 at the end
     steps, at = [], 0
-    for _ in range(4):
+    for _ in range(5):
         steps.append([(0, [int(rng.integers(3, SHAPE.n_vocab))]), (1, [int(rng.integers(3, SHAPE.n_vocab))]),
                       (3, long_prompt[at:at + 20]), (2, [int(rng.integers(3, SHAPE.n_vocab))])])
         at += 20
@@ -251,7 +252,7 @@ def test_mixed_steps_through_the_graphs_give_each_sequence_its_own_logits(engine
     assert all(s.n_past == c.n_past for s, c in zip(seqs, refs))
     if not all(be is gpu for be in (*engine.backends, engine.output_backend)):
         assert mixed_replays == 0  # a split model's mixed steps run on the eager path
-    else:  # the first composition: eager, captured, then replayed (the last step's is new: eager)
+    else:  # the first composition: eager twice, captured, then replayed (the last step's is new: eager)
         assert mixed_replays >= 2, gpu.graph_report()
 
 

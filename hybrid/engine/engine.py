@@ -54,6 +54,11 @@ GRAPH_MAX_TOKENS = 8
 # capture takes (GpuBackend.captures_products: the tensor-core products of Q4_K and Q6_K, not cuBLAS's GEMM, which
 # CuPy refuses inside a stream capture). scripts/gpu_mixed_step.py measures it; tests/test_gpu_paged.py checks it.
 MIXED_GRAPH_MAX_ROWS = 64
+# A composition takes the graphs from its second step on: its first runs eagerly and leaves no graph entry, so the
+# one-off compositions of a server (a prompt's last, shorter chunk) do not push decode graphs out of the runner's
+# LRU (GraphRunner.max_graphs); a chunked prompt's repeated composition is captured at its third step. Engine
+# remembers the last MIXED_SEEN compositions.
+MIXED_SEEN = 256
 
 
 @dataclass
@@ -69,6 +74,7 @@ class Engine:
     placement: PlacementPlan | None = None  # None: everything on the CPU
     op_offload: object = None  # backends.op_offload.OpOffload when big batches of CPU layers run on the GPU
     checks_prepared: set = field(default_factory=set)  # (cache size, draft lengths) whose check graphs are captured
+    mixed_seen: dict = field(default_factory=dict)  # the last MIXED_SEEN compositions of mixed batches (_mixed_graph)
 
     @classmethod
     def load(cls, path: str | Path, params: EngineParams = EngineParams(), progress: Progress = None,
@@ -367,15 +373,24 @@ class Engine:
     def _mixed_graph(self, lengths: list[int]) -> bool:
         """Whether a batch of sequences of these lengths, some of several tokens, runs as a decode graph: at most
         MIXED_GRAPH_MAX_ROWS rows of a dense model, every layer and the output on one GPU backend that replays
-        decode steps, and every product of the step one that a capture takes."""
+        decode steps, every product of the step one that a capture takes, and a composition seen before
+        (MIXED_SEEN)."""
         n = sum(lengths)
         if n > MIXED_GRAPH_MAX_ROWS or self.config.n_expert > 0 or max(lengths) == 1:  # (a decode batch of more
             return False  # than GRAPH_MAX_TOKENS stays eager: not yet run through here; op offload: excluded below)
         be = self.output_backend
         if not (hasattr(be, "decode_step") and all(b is be for b in self.backends)):
             return False
-        return be.captures_products(self._matrix_types, n) and be.captures_products({self.weights.output.type_name},
-                                                                                      len(lengths))
+        if not (be.captures_products(self._matrix_types, n)
+                and be.captures_products({self.weights.output.type_name}, len(lengths))):
+            return False
+        key = tuple(lengths)
+        if key in self.mixed_seen:
+            return True
+        self.mixed_seen[key] = None  # its first step: eagerly (MIXED_SEEN)
+        if len(self.mixed_seen) > MIXED_SEEN:
+            del self.mixed_seen[next(iter(self.mixed_seen))]
+        return False
 
     @cached_property
     def _matrix_types(self) -> frozenset[str]:
