@@ -359,7 +359,7 @@ Q8T_KERNELS = ("dp4a", "mma")
 Q8T_MMA_TYPES = ("Q4_K", "Q6_K")  # the types with a tensor-core kernel (matvec_mmq.cu, matvec_mmq_q6k.cu)
 Q6K_MMA_FROM = 2  # tokens from which a Q6_K matrix of 4096 rows or more takes the tensor cores in matvec_q8t
 MMQ6_STAGES = 3  # blocks in flight a warp in the Q6_K tensor-core kernel (MMQ6_STAGES in matvec_mmq_q6k.cu), each
-# 16 rows a row tile x 240-byte slots of shared memory
+MMQ6_SLOT = 240  # 16 rows a row tile x this many bytes of shared memory (MMQ6_SLOT)
 
 
 def q8t_config(type_name: str, n_out: int, n_tok: int, kernel: str | None = None, rpw: int | None = None,
@@ -476,7 +476,7 @@ def _mmq_launch(w_raw, k: GpuKernel, packed: tuple, y, n_out: int, n_in: int, n_
     # dynamic shared memory: the row tile's sums where wpr > 1 (mmq_store), Q6_K's staged blocks (matvec_mmq_q6k.cu)
     smem = MV_WARPS * 4 * groups * rt * 32 * 4 if wpr > 1 else 0
     if k.name == "Q6_K":
-        smem = max(smem, MV_WARPS * MMQ6_STAGES * 16 * rt * 240)
+        smem = max(smem, MV_WARPS * MMQ6_STAGES * 16 * rt * MMQ6_SLOT)
     if fn.max_dynamic_shared_size_bytes < smem:  # past 48 KiB needs the opt-in attribute
         fn.max_dynamic_shared_size_bytes = smem
     i32 = np.int32

@@ -139,6 +139,19 @@ __device__ __forceinline__ void mmq_q4_k_body(const u8* __restrict__ w, const i8
             for (int j = 0; j < 8; ++j) {  // sub-block j: the low (j even) or high nibbles of part j / 2
                 const int p = j >> 1, sh = 4 * (j & 1);
                 const size_t kb = (size_t)(8 * b + j);
+                u32 a[RT][4];  // each tile's fragment and scales of sub-block j, unpacked once for every group
+                float sca[RT], ma[RT], scb[RT], mb[RT];
+#pragma unroll
+                for (int r = 0; r < RT; ++r) {
+                    a[r][0] = (qa[r][p].x >> sh) & 0x0F0F0F0Fu;
+                    a[r][1] = (qb[r][p].x >> sh) & 0x0F0F0F0Fu;
+                    a[r][2] = (qa[r][p].y >> sh) & 0x0F0F0F0Fu;
+                    a[r][3] = (qb[r][p].y >> sh) & 0x0F0F0F0Fu;
+                    sca[r] = byte_f(j < 4 ? ha[r].sc_lo : ha[r].sc_hi, j);
+                    ma[r] = byte_f(j < 4 ? ha[r].m_lo : ha[r].m_hi, j);
+                    scb[r] = byte_f(j < 4 ? hb[r].sc_lo : hb[r].sc_hi, j);
+                    mb[r] = byte_f(j < 4 ? hb[r].m_lo : hb[r].m_hi, j);
+                }
 #pragma unroll
                 for (int q = 0; q < NG; ++q) {
                     const uint2 xv = __ldg((const uint2*)(xg + (kb * T + 8 * q) * 32));
@@ -147,18 +160,12 @@ __device__ __forceinline__ void mmq_q4_k_body(const u8* __restrict__ w, const i8
                     const float d0 = v.x, s0 = v.y, d1 = v.z, s1 = v.w;
 #pragma unroll
                     for (int r = 0; r < RT; ++r) {
-                        const u32 a[4] = {(qa[r][p].x >> sh) & 0x0F0F0F0Fu, (qb[r][p].x >> sh) & 0x0F0F0F0Fu,
-                                          (qa[r][p].y >> sh) & 0x0F0F0F0Fu, (qb[r][p].y >> sh) & 0x0F0F0F0Fu};
-                        const float sca = byte_f(j < 4 ? ha[r].sc_lo : ha[r].sc_hi, j);
-                        const float ma = byte_f(j < 4 ? ha[r].m_lo : ha[r].m_hi, j);
-                        const float scb = byte_f(j < 4 ? hb[r].sc_lo : hb[r].sc_hi, j);
-                        const float mb = byte_f(j < 4 ? hb[r].m_lo : hb[r].m_hi, j);
                         int c[4] = {0, 0, 0, 0};
-                        mma_s8_16832(c, a, bx);
-                        acc[r][q][0] += ha[r].d * (sca * d0 * (float)c[0]) - ha[r].dmin * (ma * s0);
-                        acc[r][q][1] += ha[r].d * (sca * d1 * (float)c[1]) - ha[r].dmin * (ma * s1);
-                        acc[r][q][2] += hb[r].d * (scb * d0 * (float)c[2]) - hb[r].dmin * (mb * s0);
-                        acc[r][q][3] += hb[r].d * (scb * d1 * (float)c[3]) - hb[r].dmin * (mb * s1);
+                        mma_s8_16832(c, a[r], bx);
+                        acc[r][q][0] += ha[r].d * (sca[r] * d0 * (float)c[0]) - ha[r].dmin * (ma[r] * s0);
+                        acc[r][q][1] += ha[r].d * (sca[r] * d1 * (float)c[1]) - ha[r].dmin * (ma[r] * s1);
+                        acc[r][q][2] += hb[r].d * (scb[r] * d0 * (float)c[2]) - hb[r].dmin * (mb[r] * s0);
+                        acc[r][q][3] += hb[r].d * (scb[r] * d1 * (float)c[3]) - hb[r].dmin * (mb[r] * s1);
                     }
                 }
             }

@@ -40,13 +40,18 @@ __device__ __forceinline__ u32 q6_vals(u32 l, int ls, u32 h, int hs) {
     return ((lo | hi | 0x80808080u) - 0x20202020u) ^ 0x80808080u;
 }
 
-// a warp's 16 RT rows of block b (row pointers clamped to the last row) into its stage slots, 14 pieces a row
+// block b of row `row` in global memory (rows past the end clamped to the last one, re-read and never stored)
+__device__ __forceinline__ const u8* q6_block(const u8* w, size_t row_bytes, int row, int n_out, int b) {
+    return w + (size_t)min(row, n_out - 1) * row_bytes + (size_t)b * 210;
+}
+
+// a warp's 16 RT rows of block b into its stage slots, 14 pieces a row; a row's block starts at (address & 15)
 template <int RT>
 __device__ __forceinline__ void mmq6_stage(u8* st, const u8* w, size_t row_bytes, int row0, int n_out, int b,
                                            int lane) {
     for (int j = lane; j < 16 * RT * MMQ6_PIECES; j += WARP) {
         const int r = j / MMQ6_PIECES, p = j % MMQ6_PIECES;
-        const u8* src = w + (size_t)min(row0 + r, n_out - 1) * row_bytes + (size_t)b * 210;
+        const u8* src = q6_block(w, row_bytes, row0 + r, n_out, b);
         cp_async16(st + r * MMQ6_SLOT + 16 * p, (const u8*)(((size_t)src & ~(size_t)15) + 16 * p));
     }
 }
@@ -101,11 +106,10 @@ __device__ __forceinline__ void mmq_q6_k_body(const u8* __restrict__ w, const i8
             for (int r = 0; r < RT; ++r) {
                 const u8* sa = stage + (slot * SLOTS + 16 * r + g) * MMQ6_SLOT;
                 const u8* sb = sa + 8 * MMQ6_SLOT;
-                const size_t blk = (size_t)b * 210;
                 tl[r].sa4 = (const u32*)sa;
                 tl[r].sb4 = (const u32*)sb;
-                tl[r].oa = (u32)((size_t)(w + (size_t)min(row0 + 16 * r + g, n_out - 1) * row_bytes + blk) & 15u);
-                tl[r].ob = (u32)((size_t)(w + (size_t)min(row0 + 16 * r + g + 8, n_out - 1) * row_bytes + blk) & 15u);
+                tl[r].oa = (u32)((size_t)q6_block(w, row_bytes, row0 + 16 * r + g, n_out, b) & 15u);
+                tl[r].ob = (u32)((size_t)q6_block(w, row_bytes, row0 + 16 * r + g + 8, n_out, b) & 15u);
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
                     tl[r].sca[i] = lds_u32_a2(tl[r].sa4, tl[r].oa + 192 + 4 * i);

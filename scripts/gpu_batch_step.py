@@ -14,6 +14,31 @@ import time
 import numpy as np
 
 
+def decode_batch(e, b: int, depth: int, room: int, rng):
+    """b paged sequences of one pool (a server's slots) with `depth` prompt tokens evaluated and room for `room` more,
+    and a function that runs one decode step of all of them (a token each)."""
+    from hybrid.kv.paged import PagedKV  # noqa: PLC0415
+
+    kv = PagedKV(e.config, e.backends, b * (depth + room) // 64 + 8, 64, e.params.type_k, e.params.type_v)
+    seqs = [kv.sequence(depth + room) for _ in range(b)]
+    e.eval_batch([(rng.integers(3, e.config.n_vocab, depth), s) for s in seqs])
+
+    def step() -> None:
+        e.eval_batch([(rng.integers(3, e.config.n_vocab, 1), s) for s in seqs])
+
+    return seqs, step
+
+
+def step_ms(step, steps: int) -> float:
+    """ms a call of step, over `steps` calls after three (eager, captured, replayed)."""
+    for _ in range(3):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return 1000 * (time.perf_counter() - t0) / steps
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
@@ -24,22 +49,14 @@ def main() -> None:
     import cupy  # noqa: PLC0415
 
     from hybrid.engine import Engine, EngineParams  # noqa: PLC0415
-    from hybrid.kv.paged import PagedKV  # noqa: PLC0415
     from kernels_gpu.matmul import gpu_kernel, matmul  # noqa: PLC0415
 
     e = Engine.load(a.model, EngineParams(n_ctx=8192, n_gpu_layers="all"))
     gpu = next(be for be in e.backends if be.name == "gpu")
     rng = np.random.default_rng(0)
     for b in (int(x) for x in a.batch.split(",")):
-        kv = PagedKV(e.config, e.backends, 8 * 64, 64, e.params.type_k, e.params.type_v)
-        seqs = [kv.sequence(1024) for _ in range(b)]
-        e.eval_batch([(rng.integers(3, e.config.n_vocab, a.depth), s) for s in seqs])
-        for _ in range(3):  # eager, captured, replayed
-            e.eval_batch([(rng.integers(3, e.config.n_vocab, 1), s) for s in seqs])
-        t0 = time.perf_counter()
-        for _ in range(a.steps):
-            e.eval_batch([(rng.integers(3, e.config.n_vocab, 1), s) for s in seqs])
-        ms = 1000 * (time.perf_counter() - t0) / a.steps
+        _, step = decode_batch(e, b, a.depth, 1024 - a.depth, rng)
+        ms = step_ms(step, a.steps)
         print(f"B={b}: {ms:.2f} ms a step, {b * 1000 / ms:.1f} tokens/s")
     print(gpu.graph_report())
     lw = e.weights.layers[0]

@@ -85,8 +85,8 @@ def main() -> None:
     a = ap.parse_args()
     import cupy  # noqa: PLC0415
 
+    from gpu_batch_step import decode_batch, step_ms  # noqa: PLC0415 - scripts/ is on the path of a script run
     from hybrid.engine import Engine, EngineParams  # noqa: PLC0415
-    from hybrid.kv.paged import PagedKV  # noqa: PLC0415
 
     e = Engine.load(a.model, EngineParams(n_ctx=8192, n_gpu_layers="all"))
     gpu = next(be for be in e.backends if be.name == "gpu")
@@ -94,20 +94,8 @@ def main() -> None:
     sizes = [int(x) for x in a.batch.split(",")]
     tables = {}
     for b in sizes:
-        kv = PagedKV(e.config, e.backends, b * (a.depth + a.steps + 80) // 64 + 8, 64, e.params.type_k,
-                     e.params.type_v)
-        seqs = [kv.sequence(a.depth + a.steps + 64) for _ in range(b)]
-        e.eval_batch([(rng.integers(3, e.config.n_vocab, a.depth), s) for s in seqs])
-
-        def step():
-            e.eval_batch([(rng.integers(3, e.config.n_vocab, 1), s) for s in seqs])
-
-        for _ in range(3):  # eager, captured, replayed
-            step()
-        t0 = time.perf_counter()
-        for _ in range(a.steps):
-            step()
-        graph_ms = 1000 * (time.perf_counter() - t0) / a.steps
+        seqs, step = decode_batch(e, b, a.depth, a.steps + 64, rng)
+        graph_ms = step_ms(step, a.steps)
         for s in seqs:
             s.n_past = a.depth
         gpu.use_graphs = False
