@@ -54,19 +54,6 @@ if has mixed; then
     > "$OUT/mixed.txt" 2>&1
   head -n 30 "$OUT/mixed.txt"
 fi
-serve_up() {  # serve_up PORT LOG ARGS...: hybrid serve on the 8B model (PID in SPID); 1 when it did not come up
-  local port=$1 log=$2
-  shift 2
-  "$@" > "$log" 2>&1 &
-  SPID=$!
-  wait_up "http://127.0.0.1:$port" $SPID || { echo "the server did not come up:"; tail -n 5 "$log"; return 1; }
-}
-serve_down() {  # serve_down SIGNAL: stop SPID, at most 20 s (a server under cProfile once never exited on SIGINT)
-  kill -"$1" $SPID 2>/dev/null
-  for _ in $(seq 40); do kill -0 $SPID 2>/dev/null || break; sleep 0.5; done
-  kill -0 $SPID 2>/dev/null && { echo "the server did not stop on SIG$1: killed"; kill -9 $SPID; }
-  wait $SPID 2>/dev/null
-}
 if has serve; then  # output tokens/s at concurrency 1 and 8, all on the GPU (the issue's goal: 8 >= 5x 1)
   stamp "hybrid serve -ngl 99 -np 8 -c 16384; bench_serve -c ${CONC:-1,8,8}"
   if serve_up 8091 "$OUT/serve.log" python3 -m hybrid serve "$L8B" -ngl 99 -np 8 -c 16384 -t 16 --port 8091; then
@@ -87,16 +74,7 @@ if has profile; then  # the worker (the CLI's main thread) under cProfile at con
 s.sort_stats('cumulative').print_stats(30)" 2>&1 | grep -vE "^$|Ordered|function calls" | cut -c1-160 | head -n 70
 fi
 if has chunked; then  # 4 streams and an 8,000-token prompt at each -b of BUDGETS (a large one: unchunked)
-  for b in $(echo "${BUDGETS:-64,8192}" | tr ',' ' '); do
-    stamp "hybrid serve -ngl 99 -np 5 -c 65536 -b $b; bench_chunked --long-tokens 8000"
-    if serve_up 8093 "$OUT/serve_b$b.log" python3 -m hybrid serve "$L8B" -ngl 99 -np 5 -c 65536 -t 16 -b "$b" \
-        --port 8093; then
-      timeout -k 5 240 python3 scripts/bench_chunked.py --url http://127.0.0.1:8093 --long-tokens 8000 \
-        --label "-b $b" --json "$OUT/chunked_$b.json" 2>&1 | tail -n 4
-      curl -s http://127.0.0.1:8093/metrics | grep -E "graph" | head -4
-    fi
-    serve_down TERM
-  done
+  OUT=$OUT L8B=$L8B THREADS=$THREADS BUDGETS=${BUDGETS:-64,8192} bash scripts/mixed_step_session.sh chunked
 fi
 if has ops; then
   stamp "scripts/gpu_step_ops.py"

@@ -26,14 +26,11 @@ fi
 [[ -f $L8B ]] || python3 scripts/make_model.py "$L8B" $MAKE_ARGS > "$OUT/make_l8b.log" 2>&1
 for b in $(echo "${BUDGETS:-64,128}" | tr ',' ' '); do
   stamp "hybrid serve -ngl 99 -np 5 -c 65536 -b $b"
-  python3 -m hybrid serve "$L8B" -ngl 99 -np 5 -c 65536 -t "$THREADS" -b "$b" --port 8093 > "$OUT/serve_$b.log" 2>&1 &
-  pid=$!
-  if wait_up http://127.0.0.1:8093 $pid; then
+  if serve_up 8093 "$OUT/serve_$b.log" python3 -m hybrid serve "$L8B" -ngl 99 -np 5 -c 65536 -t "$THREADS" -b "$b" \
+      --port 8093; then
     timeout -k 5 240 python3 scripts/bench_chunked.py --url http://127.0.0.1:8093 --long-tokens 8000 --label "-b $b" \
       --json "$OUT/chunked_$b.json" 2>&1 | tail -n 6
-  else
-    echo "the server did not come up:"; tail -n 5 "$OUT/serve_$b.log"
   fi
-  kill $pid 2>/dev/null; wait $pid 2>/dev/null
+  serve_down TERM
 done
 stamp "done"

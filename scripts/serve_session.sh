@@ -37,7 +37,7 @@ build_server() {
 }
 
 serve_one() {  # serve_one hybrid|llama NGL ROUND: start that server, load it with bench_serve.py, stop it
-  local tool=$1 ngl=$2 round=$3 pid port cmd
+  local tool=$1 ngl=$2 round=$3 port cmd
   if [[ $tool == hybrid ]]; then
     port=8091; cmd=(python3 -m hybrid serve "$MODEL")
   else
@@ -45,17 +45,14 @@ serve_one() {  # serve_one hybrid|llama NGL ROUND: start that server, load it wi
     port=8092; cmd=("$LSERVER" -m "$MODEL" -fa on)
   fi
   stamp "$tool -ngl $ngl -np $NP, round $round"
-  "${cmd[@]}" -ngl "$ngl" -np "$NP" -c "$CTX" -t "$THREADS" --port $port > "$OUT/${tool}_serve_${ngl}_$round.log" 2>&1 &
-  pid=$!
-  if wait_up http://127.0.0.1:$port $pid; then
+  if serve_up $port "$OUT/${tool}_serve_${ngl}_$round.log" "${cmd[@]}" -ngl "$ngl" -np "$NP" -c "$CTX" -t "$THREADS" \
+      --port $port; then
     timeout -k 5 400 python3 scripts/bench_serve.py --url http://127.0.0.1:$port --label "$tool -ngl $ngl" \
       -c "$CONC" --requests "$REQUESTS" --prompt-tokens "$PROMPT" --max-tokens "$GEN" --prefix-tokens 0 \
       --json "$OUT/${tool}_${ngl}_$round.json" 2>&1 | tail -n 7
     [[ $tool == hybrid ]] && curl -s http://127.0.0.1:$port/metrics | grep -E "kv_blocks|preempt" | head -4
-  else
-    echo "$tool did not come up:"; tail -n 5 "$OUT/${tool}_serve_${ngl}_$round.log"
   fi
-  kill $pid 2>/dev/null; wait $pid 2>/dev/null
+  serve_down TERM
 }
 
 serve_pair() {  # serve_pair NGL ROUND

@@ -104,3 +104,17 @@ wait_up() {  # wait_up URL PID: until /health answers 200 (300 s at most)
   done
   return 1
 }
+
+serve_up() {  # serve_up PORT LOG ARGS...: start a server (ARGS, its PID in SPID) and wait_up; 1 when it did not come up
+  local port=$1 log=$2
+  shift 2
+  "$@" > "$log" 2>&1 &
+  SPID=$!
+  wait_up "http://127.0.0.1:$port" $SPID || { echo "the server did not come up:"; tail -n 5 "$log"; return 1; }
+}
+serve_down() {  # serve_down SIGNAL: stop SPID, at most 20 s (a server under cProfile once never exited on SIGINT)
+  kill -"$1" $SPID 2>/dev/null
+  for _ in $(seq 40); do kill -0 $SPID 2>/dev/null || break; sleep 0.5; done
+  kill -0 $SPID 2>/dev/null && { echo "the server did not stop on SIG$1: killed"; kill -9 $SPID; }
+  wait $SPID 2>/dev/null
+}

@@ -254,6 +254,7 @@ def test_mixed_steps_through_the_graphs_give_each_sequence_its_own_logits(engine
         assert mixed_replays == 0  # a split model's mixed steps run on the eager path
     else:  # the first composition: eager twice, captured, then replayed (the last step's is new: eager)
         assert mixed_replays >= 2, gpu.graph_report()
+        assert not gpu.graph_fallback, gpu.graph_report()  # every product of these steps captures
 
 
 def test_the_paged_scheduler_serves_on_the_gpu_and_gives_every_block_back(engine):
