@@ -168,10 +168,11 @@ class GraphRunner:
                       n_slots)
 
     # ---- one step
-    def run(self, key, fn, x: np.ndarray, position, slot_ptrs: list[int]) -> np.ndarray:
+    def run(self, key, fn, x: np.ndarray, position, slot_ptrs: list[int], beside=None) -> np.ndarray:
         """fn's result for hidden state x (host, (1, n) float32) at `position` (an int, or an int32 array that fn
         reads as its pos), with the KV-cache addresses slot_ptrs in the slots; key names everything shape-relevant
-        of fn (its graph is reused for equal keys)."""
+        of fn (its graph is reused for equal keys). beside(): host work run once the step is launched, before
+        waiting for it (it must not use the step's stream)."""
         cp = self._cp
         x = np.ascontiguousarray(x, dtype=np.float32)
         ints = np.ascontiguousarray(np.atleast_1d(np.asarray(position, dtype=np.int32)).reshape(-1))
@@ -225,6 +226,8 @@ class GraphRunner:
         ho = self._pinned(out.nbytes, "out")
         cp.cuda.runtime.memcpyAsync(ho.ctypes.data, out.data.ptr, out.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
                                     st.ptr)
+        if beside is not None:
+            beside()
         st.synchronize()
         self.check_breaks()
         return ho.view(np.float32)[: out.size].reshape(out.shape).copy()

@@ -174,6 +174,8 @@ def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = 
     elif path == "matvec" and uses_q8(type_name, n_tok, q8):
         xq, xm = quantize_q8_1(x2) if q8_act is None else q8_act
         matvec_q8(w_raw, type_name, xq, xm, y2, wpr, rpw)
+    elif path == "matvec" and q8_act is None and (mw := _mma_route(type_name, n_out, n_tok, q8, wpr)):
+        _mmq_launch(w_raw, k, quantize_q8_mma(x2), y2, n_out, n_in, n_tok, mw)  # no xq, xm needed
     elif path == "matvec" and uses_q8t(type_name, n_tok, q8):
         xq, xm = quantize_q8_1(x2) if q8_act is None else q8_act
         matvec_q8t(w_raw, type_name, xq, xm, y2, wpr)
@@ -492,14 +494,49 @@ def _q8_mma_pack(xq, xm, groups: int = 1) -> tuple:
 
     n_tok, n = xq.shape
     t = 8 * groups
-    nb = n // Q8_BLOCK
-    buf = cupy.empty(nb * t * 32 + nb * t * 8, dtype=cupy.uint8)
-    pq, pm = buf[:nb * t * 32].view(cupy.int8), buf[nb * t * 32:].view(cupy.float32)
+    pq, pm = _mma_buffers(n, t)
     fn = get_kernel("matvec_q8", "q8_mma_pack")
     words = n_tok * n // 4
     if words:
         fn(((words + 255) // 256,), (256,), (xq, xm, pq, pm, np.int32(n), np.int32(n_tok), np.int32(t)))
     return pq, pm
+
+
+def _mma_buffers(n: int, t: int) -> tuple:
+    """Uninitialized (pq, pm) of matvec_mmq's layout for T = t token columns of n values (one buffer)."""
+    import cupy  # noqa: PLC0415
+
+    nb = n // Q8_BLOCK
+    buf = cupy.empty(nb * t * 32 + nb * t * 8, dtype=cupy.uint8)
+    return buf[:nb * t * 32].view(cupy.int8), buf[nb * t * 32:].view(cupy.float32)
+
+
+def quantize_q8_mma(x, groups: int = 1) -> tuple:
+    """x cupy float32 (n_tok, n), n_tok <= 8 x groups, n % 32 == 0 -> the tensor-core kernels' activations (pq, pm)
+    in one launch: the bytes _q8_mma_pack(*quantize_q8_1(x), groups) gives, for an x that only tensor-core products
+    read (quantize_q8_1's own layout is not written)."""
+    _check("x", x, np.float32, (2,))
+    n_tok, n = x.shape
+    if n % Q8_BLOCK:
+        raise ValueError(f"x rows of {n} values are not whole blocks of {Q8_BLOCK}")
+    t = 8 * groups
+    if n_tok > t:
+        raise ValueError(f"{n_tok} tokens do not fit {groups} column groups of 8")
+    pq, pm = _mma_buffers(n, t)
+    total = n_tok * n
+    if total:
+        get_kernel("matvec_q8", "quantize_q8_mma")(((total + 255) // 256,), (256,), (
+            x, pq, pm, np.int32(n), np.int32(n_tok), np.int32(t)))
+    return pq, pm
+
+
+def _mma_route(type_name: str, n_out: int, n_tok: int, q8: bool | None, wpr: int | None) -> int | None:
+    """The warps a row tile when a product of 2..MATVEC_MAX_TOKENS tokens takes matvec_q8t's tensor-core kernel
+    with its defaults (wpr None), else None."""
+    if wpr is not None or not uses_q8t(type_name, n_tok, q8):
+        return None
+    kernel, _, w = q8t_config(type_name, n_out, n_tok)
+    return w if kernel == "mma" else None
 
 
 def _q8_launch(ws, type_name: str, xq, xm, ys, wpr, rpw, kernel: str | None) -> None:
@@ -550,8 +587,9 @@ def matmul_many(ws_raw, type_names, x, q8: bool | None = None, q8_act: tuple | N
     n_tok >= GEMM_MIN_TOKENS: the weights that take the tensor cores (uses_mmq) share one quantize_q8_1 of x and its
     packing; for the others x goes to fp16 once; with `stack` (None: if their n_out x n_in sum is at most
     GEMM_STACK_ELEMENTS) the quantized weights are dequantized into one fp16 scratch, rows stacked, for one GEMM
-    whose columns are then copied out per weight. Anything else: matmul per weight (2..8 tokens on q8 types: on
-    one quantize_q8_1 of x for all of them).
+    whose columns are then copied out per weight. 2..8 tokens: one quantize_q8_1 of x (or q8_act) for every
+    8-bit weight, and one packing of it for those that take the tensor cores (quantize_q8_mma, one launch, when no
+    other needs quantize_q8_1's layout). Anything else: matmul per weight.
     """
     import cupy  # noqa: PLC0415
 
@@ -596,8 +634,16 @@ def matmul_many(ws_raw, type_names, x, q8: bool | None = None, q8_act: tuple | N
                 for i in part:
                     ys[i] = cupy.empty((1, n_outs[i]), dtype=cupy.float32)
                 _q8_launch([ws_raw[i] for i in part], t, *q8_act, [ys[i] for i in part], wpr, rpw, None)
-    elif q8_act is None and any(n_outs[i] and uses_q8t(t, n_tok, q8) for i, t in enumerate(type_names)):
-        q8_act = quantize_q8_1(x2)  # once for every weight of the 8-bit several-token matvec
+    else:
+        q8t = [i for i, t in enumerate(type_names) if n_outs[i] and uses_q8t(t, n_tok, q8)]
+        mma = {i: w for i in q8t if (w := _mma_route(type_names[i], n_outs[i], n_tok, q8, None))}
+        if q8_act is None and len(q8t) > len(mma):
+            q8_act = quantize_q8_1(x2)  # once for every weight of the 8-bit several-token matvec
+        if mma:  # the tensor-core weights share one packing (made with the quantization when none needs xq, xm)
+            packed = quantize_q8_mma(x2) if q8_act is None else _q8_mma_pack(*q8_act)
+            for i, w in mma.items():
+                ys[i] = cupy.empty((n_tok, n_outs[i]), dtype=cupy.float32)
+                _mmq_launch(ws_raw[i], ks[i], packed, ys[i], n_outs[i], n_in, n_tok, w)
     for i, y in enumerate(ys):
         if y is None:
             ys[i] = matmul(ws_raw[i], type_names[i], x2, q8=q8, q8_act=q8_act)

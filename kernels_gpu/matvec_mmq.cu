@@ -208,3 +208,24 @@ extern "C" __global__ void __launch_bounds__(256) q8_mma_pack(const i8* __restri
         pm[(size_t)blk * T + tok] = make_float2(m.x, m.x * (m.y + m.z));
     }
 }
+
+// quantize_q8_1 and q8_mma_pack in one pass, the same bytes: x (ntok, n) float32 -> pq (n / 32, T, 32) int8 and
+// pm (n / 32, T, 2) float32 (d, d * (sum lo + sum hi)), each block's q and sums formed as q8_block_store forms them.
+// For an activation that only tensor-core products read (no xq, xm written). One thread a value (n % 32 == 0: a
+// warp is one block, in or out as a whole).
+extern "C" __global__ void __launch_bounds__(256) quantize_q8_mma(const float* __restrict__ x, i8* __restrict__ pq,
+                                                                 float2* __restrict__ pm, int n, int ntok, int T) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= ntok * n) return;
+    const int tok = i / n, e = i - tok * n, blk = e >> 5;
+    const float v = x[i];
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : __float2int_rn(v / d);
+    pq[((size_t)blk * T + tok) * 32 + (e & 31)] = (i8)q;
+    float s = (float)q;  // exact: |sum| <= 16 * 127
+#pragma unroll
+    for (int o = 8; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float s_hi = __shfl_sync(0xffffffffu, s, 16);
+    if ((threadIdx.x & 31) == 0) pm[(size_t)blk * T + tok] = make_float2(d, d * (s + s_hi));
+}

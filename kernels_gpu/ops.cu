@@ -175,6 +175,22 @@ extern "C" __global__ void rope_f32(float* x, const i32* __restrict__ pos, int n
     rope_pair(xr, xr, pos[t], i, half, theta_scale, freq_scale, neox);
 }
 
+// rope_f32 of q (n_tok, n_head, head_dim) and k (n_tok, n_head_kv, head_dim) in one launch: the same pairs, the
+// same rotation (equal to two rope_f32 launches exactly); head h < n_head of token t is q's, the rest k's.
+extern "C" __global__ void rope_qk_f32(float* q, float* k, const i32* __restrict__ pos, int n_tok, int n_head,
+                                       int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale,
+                                       int neox) {
+    const int half = n_rot >> 1, heads = n_head + n_head_kv;
+    const long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (long long)n_tok * heads * half) return;
+    const int i = (int)(idx % half);
+    const long long th = idx / half;
+    const int t = (int)(th / heads), h = (int)(th - (long long)t * heads);
+    float* xr = h < n_head ? q + ((long long)t * n_head + h) * head_dim
+                           : k + ((long long)t * n_head_kv + (h - n_head)) * head_dim;
+    rope_pair(xr, xr, pos[t], i, half, theta_scale, freq_scale, neox);
+}
+
 // QK-norm and RoPE of q and k in one launch, in place: each head row of q (n_tok, n_head, hd) and k (n_tok,
 // n_head_kv, hd) rms-normed with its weight (wq or wk, hd each), then rotated as rope_f32. A warp a row: the same
 // sums in the same order as rms_norm_f32's warp rows and the same rotation, so the result equals rms_norm_heads

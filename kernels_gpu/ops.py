@@ -165,6 +165,31 @@ def rope(x, positions, n_rot: int, freq_base: float, freq_scale: float = 1.0, mo
     return x
 
 
+def rope_qk(q, k, positions, n_rot: int, freq_base: float, freq_scale: float = 1.0, mode: str = "norm"):
+    """rope of q (n_tok, n_head, hd) and k (n_tok, n_head_kv, hd) in one launch, in place (contiguous f32; copied
+    first if not): equal to rope(q, ...) and rope(k, ...) exactly. Returns (q, k)."""
+    import cupy  # noqa: PLC0415
+
+    if mode not in ROPE_MODES:
+        raise ValueError(f"rope_qk: mode must be one of {sorted(ROPE_MODES)}, found {mode!r}")
+    q, k = _f32("rope_qk", q, 3), _f32("rope_qk", k, 3)
+    n_tok, n_head, hd = q.shape
+    if k.shape[0] != n_tok or k.shape[2] != hd:
+        raise ValueError(f"rope_qk: q {q.shape} and k {k.shape} need one token count and one head_dim")
+    if n_rot % 2 or not 0 < n_rot <= hd:
+        raise ValueError(f"rope_qk: n_rot must be even and in (0, {hd}], found {n_rot}")
+    if not isinstance(positions, cupy.ndarray) or positions.dtype != cupy.int32 or positions.shape != (n_tok,):
+        raise ValueError(f"rope_qk: positions must be a cupy int32 array of shape ({n_tok},)")
+    total = n_tok * (n_head + k.shape[1]) * (n_rot // 2)
+    if total == 0:
+        return q, k
+    theta_scale = np.float32(np.power(np.float32(freq_base), np.float32(-2.0) / np.float32(n_rot)))
+    get_kernel("ops", "rope_qk_f32")(((total + 255) // 256,), (256,), (
+        q, k, positions, np.int32(n_tok), np.int32(n_head), np.int32(k.shape[1]), np.int32(hd), np.int32(n_rot),
+        theta_scale, np.float32(freq_scale), np.int32(ROPE_MODES[mode])))
+    return q, k
+
+
 QKNR_MAX_D = 256  # head_dim at most (qk_norm_rope_f32's shared rows)
 
 

@@ -79,8 +79,9 @@ class Backend(Protocol):
 
     def fused_qk_norm_rope(self, q: Array, k: Array, wq: Array, wk: Array, eps: float, positions: np.ndarray,
                            n_rot: int, base: float, scale: float, mode: str, yarn: tuple | None = None):
-        """(rope(rms_norm_heads(q, wq)), rope(rms_norm_heads(k, wk))) in one call (QK-norm models), or None where
-        this backend has no fused form (attention_block then runs the four ops)."""
+        """(rope(rms_norm_heads(q, wq)), rope(rms_norm_heads(k, wk))) in one call (QK-norm models), or with wq and
+        wk None (no QK-norm) (rope(q), rope(k)); None where this backend has no fused form (attention_block then
+        runs the ops one by one)."""
 
     def fused_attention(self, spec, cfg, lw: dict[str, Weight], il: int, x: Array, positions: np.ndarray, kv):
         """layer_forward's attention part of x (n, n_embd) f32 (what is added to x) in one fused call, or None
@@ -104,9 +105,11 @@ class GraphDecoding(Protocol):
 
     use_graphs: bool  # False: eager launches (reported by graph_report)
 
-    def decode_step(self, key, kv_layers: dict, fn, x: np.ndarray, position: int) -> np.ndarray:
+    def decode_step(self, key, kv_layers: dict, fn, x: np.ndarray, position: int, paged=None,
+                    beside=None) -> np.ndarray:
         """fn(x (1, n_embd) f32, positions (1,) int32, both on the device) over the layers kv_layers covers;
-        captured once per hashable key and replayed; returns fn's result on the host."""
+        captured once per hashable key and replayed; beside() runs on the host while the GPU computes; returns
+        fn's result on the host."""
 
     def gather_rows(self, x, rows):
         """x[rows] (rows: device int32 indices, read when the kernel runs): a mixed batch's rows for the output."""

@@ -17,6 +17,15 @@ from hybrid.model.arch.moe import moe_layer
 from hybrid.model.weights import Weight
 
 _MOE_TENSORS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+Q8_MEMO_ROWS = 64  # up to this many rows (kernels_gpu.matmul.MMQ_MAX_TOKENS) a norm or a decode step's attention
+# also writes its output's 8-bit quantization, for the 8-bit products that read it next (one launch fewer each)
+
+
+def _takes_q8(type_name: str, n_rows: int) -> bool:
+    """Whether kernels_gpu.matmul multiplies n_rows rows by a weight of this type on 8-bit activations."""
+    from kernels_gpu.matmul import uses_mmq, uses_q8, uses_q8t  # noqa: PLC0415
+
+    return uses_q8(type_name, n_rows) or uses_q8t(type_name, n_rows) or uses_mmq(type_name, n_rows)
 
 
 class GpuBackend:
@@ -81,7 +90,8 @@ class GpuBackend:
             return Weight(weight.name, weight.type_name, weight.shape, cp.empty(shape, dtype=dtype))
 
     # ---- decode steps as CUDA graphs
-    def decode_step(self, key, kv_layers: dict, fn, x: np.ndarray, position: int, paged=None) -> np.ndarray:
+    def decode_step(self, key, kv_layers: dict, fn, x: np.ndarray, position: int, paged=None,
+                    beside=None) -> np.ndarray:
         """One decode token (or a speculative check's few) through a run of layers on this GPU: fn(x, positions)
         -> cupy array launches the work (x (n, n_embd) float32 and positions (n,) int32 on the device, from
         `position` on; layer il's cache is kv_layers[il]).
@@ -96,8 +106,8 @@ class GpuBackend:
         pools' addresses cross in the slots as a cache's do, so a graph serves any pool of that shape (each `run`
         makes its own, Engine.new_cache). A fifth item, last (n_seq,) on the host, makes it a mixed batch (prompt
         chunks among the sequences, rows ordered by sequence): the rows' composition joins the key, and fn is called
-        as fn(x, positions, rows) with `last` on the device, the rows it keeps for the output. Returns fn's result
-        on the host."""
+        as fn(x, positions, rows) with `last` on the device, the rows it keeps for the output. beside(): host work
+        run while the GPU computes the step (GraphRunner.run). Returns fn's result on the host."""
         from kernels_gpu.graph import GraphRunner  # noqa: PLC0415
 
         from kernels_gpu.kv_cache import PagedArgs  # noqa: PLC0415
@@ -138,7 +148,7 @@ class GpuBackend:
             # an observer copies each layer's routing to the host, mid-step: eager steps (a graph captured without
             # it would replay without telling it)
             self._graphs.enabled = self.use_graphs and self.routing_observer is None
-            return self._graphs.run((key, sig), step, x, position, ptrs)
+            return self._graphs.run((key, sig), step, x, position, ptrs, beside)
 
     def graph_report(self) -> str:
         """How decode steps ran: CUDA graphs captured and replayed, or eager launches and why."""
@@ -205,17 +215,18 @@ class GpuBackend:
     # ---- the backend interface
     def matmul(self, w: Weight, x):
         """x (n, in) f32 -> (n, out) f32, straight from the raw blocks of w (uploaded)."""
-        from kernels_gpu.matmul import matmul, quantize_q8_1, uses_q8  # noqa: PLC0415
+        from kernels_gpu.matmul import matmul, quantize_q8_1  # noqa: PLC0415
 
         if not isinstance(w.raw, self._cupy.ndarray):
             raise ValueError(f"weight {w.name} is not on the GPU: GpuBackend.upload it first")
         xd = self._dev(x)
-        if xd.ndim != 2 or not uses_q8(w.type_name, xd.shape[0]):
+        if xd.ndim != 2 or not _takes_q8(w.type_name, xd.shape[0]):
             return matmul(w.raw, w.type_name, xd)
-        # one token on 8-bit activations: x is quantized once for every weight it meets in a row (q, k, v; gate,
-        # up), as the blocks call matmul on the same array (or the kernel that made x quantized it: _q8_of)
+        # 8-bit activations: x quantized by the kernel that made it (a norm, attention: _q8_of), or, one token,
+        # quantized here once for every weight it meets in a row (q, k, v; gate, up), as the blocks call matmul on
+        # the same array; several tokens without one: matmul quantizes (with the tensor cores' packing)
         q8 = self._q8_of(x)
-        if q8 is None:
+        if q8 is None and xd.shape[0] == 1:
             q8 = quantize_q8_1(xd)
             self._q8_memo = (x, q8)
         return matmul(w.raw, w.type_name, xd, q8_act=q8)
@@ -238,16 +249,16 @@ class GpuBackend:
         """Several weights times one x (q/k/v, gate/up) -> one (n, out_i) f32 result per weight, with fewer launches
         (kernels_gpu.matmul.matmul_many): one token, one q8 launch over all rows of a type; prefill, one fp16 x and
         one stacked GEMM (up to GEMM_STACK_ELEMENTS)."""
-        from kernels_gpu.matmul import matmul_many, quantize_q8_1, uses_q8  # noqa: PLC0415
+        from kernels_gpu.matmul import matmul_many, quantize_q8_1  # noqa: PLC0415
 
         for w in ws:
             if not isinstance(w.raw, self._cupy.ndarray):
                 raise ValueError(f"weight {w.name} is not on the GPU: GpuBackend.upload it first")
         xd = self._dev(x)
         q8_act = None
-        if xd.ndim == 2 and any(uses_q8(w.type_name, xd.shape[0]) for w in ws):
+        if xd.ndim == 2 and any(_takes_q8(w.type_name, xd.shape[0]) for w in ws):
             q8_act = self._q8_of(x)  # as matmul: x quantized once, also for a later matmul of the same x
-            if q8_act is None:
+            if q8_act is None and xd.shape[0] == 1:
                 q8_act = quantize_q8_1(xd)
                 self._q8_memo = (x, q8_act)
         return matmul_many([w.raw for w in ws], [w.type_name for w in ws], xd, q8_act=q8_act)
@@ -262,12 +273,12 @@ class GpuBackend:
         return dequantize(w.raw, w.type_name, rows=self._cupy.asarray(ids.astype(np.int32)))
 
     def rms_norm(self, x, w, eps: float):
-        """rms_norm(x) * w; a decode row is also quantized to 8 bits in the same kernel, for the q8 matvecs that
-        take it next (the memo of matmul/matmuls)."""
+        """rms_norm(x) * w; up to Q8_MEMO_ROWS rows (decode steps, mixed steps) are also quantized to 8 bits in the
+        same kernel, for the 8-bit products that take them next (the memo of matmul/matmuls)."""
         from kernels_gpu import ops  # noqa: PLC0415
 
         xd = self._dev(x)
-        if xd.ndim == 2 and xd.shape[0] == 1:
+        if xd.ndim == 2 and 1 <= xd.shape[0] <= Q8_MEMO_ROWS:
             fused = ops.rms_norm_q8(xd, w, eps)
             if fused is not None:
                 out, self._q8_memo = fused[0], fused
@@ -280,7 +291,7 @@ class GpuBackend:
         from kernels_gpu import ops  # noqa: PLC0415
 
         xd, ad = self._dev(x), self._dev(a)
-        if xd.ndim == 2 and xd.shape[0] == 1:
+        if xd.ndim == 2 and 1 <= xd.shape[0] <= Q8_MEMO_ROWS:
             fused = ops.rms_norm_q8(xd, w, eps, a=ad)
             if fused is not None:
                 total, out, q8 = fused
@@ -310,11 +321,14 @@ class GpuBackend:
 
     def fused_qk_norm_rope(self, q, k, wq, wk, eps: float, positions, n_rot: int, base: float, scale: float,
                            mode: str, yarn: tuple | None = None):
-        """QK-norm and RoPE of q and k in one kernel (ops.qk_norm_rope), None with YaRN (rope_yarn's tables)."""
+        """QK-norm and RoPE of q and k in one kernel (ops.qk_norm_rope; wq, wk None: RoPE alone, ops.rope_qk), None
+        with YaRN (rope_yarn's tables)."""
         from kernels_gpu import ops  # noqa: PLC0415
 
         if yarn is not None:
             return None
+        if wq is None:  # no QK-norm: both ropes in one launch
+            return ops.rope_qk(self._dev(q), self._dev(k), self._positions(positions), n_rot, base, scale, mode)
         return ops.qk_norm_rope(self._dev(q), self._dev(k), wq, wk, eps, self._positions(positions), n_rot, base,
                                 scale, mode)
 
@@ -354,14 +368,14 @@ class GpuBackend:
         extra = {} if sinks is None else {"sinks": self._dev(sinks)}  # no sinks: the call as it always was
         if isinstance(positions, self._cupy.ndarray):
             # a decode step: the grid follows the cache size, the kernel reads the keys in use from the positions;
-            # one row's output is quantized to 8 bits where the splits are merged, for the output projection
+            # the output is quantized to 8 bits where the splits are merged, for the output projection
             qd = self._dev(q)
             paged = self._paged
             if paged is not None:
                 extra["paged"] = paged
             n_kv = layer.n_ctx if paged is None else paged.width * paged.block_size
             out, q8 = attention_q8(qd, layer, positions, n_kv, scale, n_swa, dynamic=True,
-                                   slots=self._slots.get(il), q8=qd.shape[0] == 1,
+                                   slots=self._slots.get(il), q8=qd.shape[0] <= Q8_MEMO_ROWS,
                                    **extra)
             if q8 is not None:
                 self._q8_memo = (out, q8)

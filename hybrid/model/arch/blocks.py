@@ -70,10 +70,10 @@ def attention_block(be, spec: ArchSpec, cfg: ModelConfig, lw: dict[str, Weight],
     k = k.reshape(n, cfg.n_head_kv, hd_k)
     v = v.reshape(n, cfg.n_head_kv, hd_v)
     base, fscale, n_swa = rope_params(cfg, il)
-    qk = None
-    if spec.qk_norm:  # the backend's one-kernel form where it has one
-        qk = be.fused_qk_norm_rope(q, k, lw["attn_q_norm"].raw, lw["attn_k_norm"].raw, cfg.f_norm_rms_eps, positions,
-                                   cfg.n_rot, base, fscale, cfg.rope_type, cfg.rope_yarn)
+    # the backend's one-kernel form where it has one (QK-norm and RoPE, or RoPE of both)
+    wq, wk = (lw["attn_q_norm"].raw, lw["attn_k_norm"].raw) if spec.qk_norm else (None, None)
+    qk = be.fused_qk_norm_rope(q, k, wq, wk, cfg.f_norm_rms_eps, positions, cfg.n_rot, base, fscale, cfg.rope_type,
+                               cfg.rope_yarn)
     if qk is not None:
         q, k = qk
     else:
