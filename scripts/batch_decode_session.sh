@@ -6,9 +6,9 @@
 #   tensor-core products of MMQ_TOKENS rows, every split); serve (hybrid serve -np 8 loaded by bench_serve.py at
 #   CONC); profile (the same under cProfile at concurrency 8); chunked (bench_chunked.py at each -b of BUDGETS);
 #   step (scripts/gpu_batch_step.py: a decode step of B sequences); ops (scripts/gpu_step_ops.py: its GPU time op by
-#   op at B = 1 and 8).
+#   op at B = 1 and 8); knock (the same script's --knockout: each kind of op's share of the graph at B = 1 and 8).
 # env: OUT (/tmp/bdec), L8B (/tmp/l8b.gguf), TEST_FILES, TEST_LIMIT (230), STAGES (default tests,q8t,batched,mixed;
-#      more: mmq,serve,profile,chunked,step,ops), CONC (1,8,8), BUDGETS (64,8192)
+#      more: mmq,serve,profile,chunked,step,ops,knock), CONC (1,8,8), BUDGETS (64,8192)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bdec}
@@ -20,7 +20,8 @@ exec > >(tee -a "$OUT/session.log") 2>&1  # a copy in OUT: it comes back even wh
 STAGES=${STAGES:-tests,q8t,batched,mixed}
 has() { [[ ,$STAGES, == *,$1,* ]]; }
 
-[[ -f $L8B ]] || python3 scripts/make_model.py "$L8B" $MAKE_ARGS > "$OUT/make_l8b.log" 2>&1 &
+MK_PID=
+[[ -f $L8B ]] || { python3 scripts/make_model.py "$L8B" $MAKE_ARGS > "$OUT/make_l8b.log" 2>&1 & MK_PID=$!; }
 if has tests; then
   files=${TEST_FILES:-tests/test_kernels_gpu.py tests/test_gpu_fused.py tests/test_gpt_oss.py tests/test_gpu_moe.py \
 tests/test_gpu_paged.py tests/test_engine_batch.py}
@@ -32,7 +33,8 @@ tests/test_gpu_paged.py tests/test_engine_batch.py}
   stamp "tests rc=$?: $(grep -c PASSED "$OUT/tests.log") passed"
   grep -E "(FAILED|ERROR) tests|^E |^/.*Error" "$OUT/tests.log" | head -40; tail -n 2 "$OUT/tests.log"
 fi
-wait
+# the model's job only: a bare `wait` (bash >= 5.1) would also wait for the tee above, which never ends
+[[ -n $MK_PID ]] && wait "$MK_PID"
 stamp "model: $(ls -la "$L8B" | awk '{print $5}') bytes"
 if has q8t; then
   stamp "scripts/gpu_q8t_check.py"
@@ -79,6 +81,10 @@ fi
 if has ops; then
   stamp "scripts/gpu_step_ops.py"
   timeout -k 5 150 python3 scripts/gpu_step_ops.py "$L8B" -b 1,8 2>&1 | tee "$OUT/step_ops.txt" | head -n 60
+fi
+if has knock; then
+  stamp "scripts/gpu_step_ops.py --knockout"
+  timeout -k 5 200 python3 scripts/gpu_step_ops.py "$L8B" -b 1,8 --knockout 2>&1 | tee "$OUT/knockout.txt" | tail -n 40
 fi
 if has step; then
   stamp "scripts/gpu_batch_step.py"

@@ -97,13 +97,53 @@ def prompt_text(i: int, n_tokens: int) -> str:
     return " ".join(text[:words])
 
 
+WORKER = ("steps_total", "step_seconds_total", "eval_seconds", "deliver_seconds_total")
+
+
+def worker_counters(url: str) -> dict[str, float]:
+    """The batched worker's counters from /metrics (hybrid_worker_*; empty for a server without them)."""
+    u = urlparse(url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+    try:
+        conn.request("GET", "/metrics")
+        r = conn.getresponse()
+        text = r.read().decode() if r.status == 200 else ""
+    except OSError:
+        text = ""
+    finally:
+        conn.close()
+    out = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name.startswith("hybrid_worker_") and name[len("hybrid_worker_"):] in WORKER:
+            out[name[len("hybrid_worker_"):]] = float(value)
+    return out
+
+
+def worker_split(before: dict, after: dict, wall_s: float) -> dict | None:
+    """ms a step of the worker's steps during a level: in eval_batch, the rest of the step (planning, sampling),
+    delivering the tokens, and the wall time between steps' starts (admission and waiting included)."""
+    if len(before) < len(WORKER) or len(after) < len(WORKER):
+        return None
+    d = {k: after[k] - before[k] for k in WORKER}
+    n = d["steps_total"]
+    if n <= 0:
+        return None
+    return {"steps": int(n), "eval_ms": 1000 * d["eval_seconds"] / n,
+            "step_rest_ms": 1000 * (d["step_seconds_total"] - d["eval_seconds"]) / n,
+            "deliver_ms": 1000 * d["deliver_seconds_total"] / n, "wall_ms": 1000 * wall_s / n}
+
+
 def run_level(url: str, concurrency: int, requests: int, prompt_tokens: int, max_tokens: int) -> dict:
     bodies = [{"prompt": prompt_text(i, prompt_tokens), "max_tokens": max_tokens, "temperature": 0,
                "cache_prompt": False} for i in range(requests)]
+    before = worker_counters(url)
     t0 = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(lambda b: stream(url, "/v1/completions", b), bodies))
-    return summarize(results, time.perf_counter() - t0)
+    out = summarize(results, time.perf_counter() - t0)
+    out["worker"] = worker_split(before, worker_counters(url), out["wall_s"])
+    return out
 
 
 def prefix_turns(url: str, prefix_tokens: int) -> dict:
@@ -201,6 +241,11 @@ def main() -> int:
         cells = [" / ".join(f"{s[k][q]:.1f}" for q in ("mean", "median", "p99"))
                  for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")]
         print(f"| {label} | {c} | " + " | ".join(cells) + f" | {s['output_tok_s']:.1f} |")
+    for c, s in report["levels"].items():
+        w = s.get("worker")
+        if w:
+            print(f"worker at concurrency {c}: {w['steps']} steps, ms a step: eval_batch {w['eval_ms']:.2f}, rest of "
+                  f"the step {w['step_rest_ms']:.2f}, delivery {w['deliver_ms']:.2f}, wall {w['wall_ms']:.2f}")
     if "hybrid_run" in report:
         r = report["hybrid_run"]
         print(f"\nhybrid run, same prompt: prompt {r['prompt_n']} tokens at {r['prompt_per_second']:.1f} t/s "

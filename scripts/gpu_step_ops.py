@@ -4,9 +4,13 @@ pool (one token each, as `hybrid serve -np N` steps), run eagerly with CUDA even
 us a step per call and weight (the outermost calls; what they call inside is in their time), next to the same
 step replayed as a CUDA graph (host wall time, the server's case).
 
-    python3 scripts/gpu_step_ops.py MODEL [-b 1,8] [--depth 256] [--steps 10]
+    python3 scripts/gpu_step_ops.py MODEL [-b 1,8] [--depth 256] [--steps 10] [--knockout]
 
-Events add a little GPU idle time between ops, so the eager sum is a bound on the graph's GPU time, not its equal."""
+Events add a little GPU idle time between ops, so the eager sum is a bound on the graph's GPU time, not its equal.
+--knockout measures the graph itself instead: its replay's GPU time (events around the graph's launch) against the
+step's host wall time, then the step captured again with each kind of op replaced by the outputs it gave in an
+eager step (no launch): the wall time it saves is that op's share of the graph (a knocked-out norm leaves no 8-bit
+copy, so the products after it quantize for themselves: its share is understated by one quantization)."""
 
 from __future__ import annotations
 
@@ -76,12 +80,86 @@ class OpTimer:
         return out
 
 
+KNOCKOUT = ("matmuls", "matmul", "attend_seqs", "attention", "rms_norm", "add_rms_norm", "fused_qk_norm_rope", "rope",
+            "glu", "kv_store")
+
+
+class Recorded:
+    """Replaces backend methods by the outputs they returned in one recorded step, in call order (no launches)."""
+
+    def __init__(self, backend, names):
+        self.backend, self.names, self.outputs, self.record, self.i = backend, names, [], True, 0
+        for name in names:
+            setattr(backend, name, self._wrap(getattr(backend, name)))
+
+    def _wrap(self, fn):
+        def call(*args, **kw):
+            if self.record:
+                out = fn(*args, **kw)
+                self.outputs.append(out)
+                return out
+            out = self.outputs[self.i % len(self.outputs)]
+            self.i += 1
+            return out
+        return call
+
+    def close(self) -> None:
+        for name in self.names:
+            delattr(self.backend, name)
+
+
+def replay_gpu_ms(gpu, cupy, n: int = 20) -> float:
+    """GPU ms of a replay of the decode graph used last (events around its launches on the runner's stream)."""
+    runner = gpu._graphs
+    entry = next(reversed(runner._entries.values()))
+    st = runner.stream
+    a, b = cupy.cuda.Event(), cupy.cuda.Event()
+    a.record(st)
+    for _ in range(n):
+        entry.graph.launch(st)
+    b.record(st)
+    b.synchronize()
+    return cupy.cuda.get_elapsed_time(a, b) / n
+
+
+def knockout(e, gpu, cupy, sizes, depth: int, steps: int, rng) -> None:
+    from gpu_batch_step import decode_batch, step_ms  # noqa: PLC0415
+
+    keep = []  # the runners replaced (their pools hold the recorded outputs)
+    for b in sizes:
+        rows = {}
+        for names in [()] + [(k,) for k in KNOCKOUT if hasattr(gpu, k)]:
+            keep.append(gpu._graphs)
+            gpu._graphs = None  # a new runner: the variant's own capture
+            _, step = decode_batch(e, b, depth, 3 * steps + 64, rng)
+            rec = Recorded(gpu, names)
+            gpu.use_graphs = False
+            step()  # eager: records the ops' outputs
+            gpu.use_graphs = True
+            rec.record = False
+            if names and not rec.outputs:
+                rec.close()
+                continue
+            wall = step_ms(step, steps)
+            gpu_ms = replay_gpu_ms(gpu, cupy)
+            rec.close()
+            rows[names[0] if names else "(none)"] = (wall, gpu_ms, len(rec.outputs))
+        base = rows["(none)"]
+        print(f"\nB={b}: graph replay {base[1]:.3f} ms of GPU time, step {base[0]:.3f} ms host wall "
+              f"(host beyond the GPU: {base[0] - base[1]:.3f} ms)")
+        print("| op knocked out | calls a step | step wall ms | GPU ms a replay | the op's share, ms GPU |")
+        print("|---|---|---|---|---|")
+        for k, (wall, g, calls) in rows.items():
+            print(f"| {k} | {calls} | {wall:.3f} | {g:.3f} | {base[1] - g:.3f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("-b", "--batch", default="1,8")
     ap.add_argument("--depth", type=int, default=256)
     ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--knockout", action="store_true", help="each kind of op's share of the graph (see above)")
     a = ap.parse_args()
     import cupy  # noqa: PLC0415
 
@@ -92,6 +170,9 @@ def main() -> None:
     gpu = next(be for be in e.backends if be.name == "gpu")
     rng = np.random.default_rng(0)
     sizes = [int(x) for x in a.batch.split(",")]
+    if a.knockout:
+        knockout(e, gpu, cupy, sizes, a.depth, a.steps, rng)
+        return
     tables = {}
     for b in sizes:
         seqs, step = decode_batch(e, b, a.depth, a.steps + 64, rng)

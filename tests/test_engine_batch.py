@@ -116,9 +116,13 @@ def test_eval_batch_refuses_a_cache_twice_and_skips_unwanted_logits(model_path):
         a, b = engine.new_cache(32), engine.new_cache(32)
         with pytest.raises(Exception, match="twice"):
             engine.eval_batch([([1, 2], a), ([3], a)])
-        out = engine.eval_batch([([1, 2], a), ([3], b)], want=[False, True])
+        calls = []
+        out = engine.eval_batch([([1, 2], a), ([3], b)], want=[False, True], beside=lambda: calls.append(1))
         assert out[0] is None and out[1].shape == (SHAPE.n_vocab,)
         assert (a.n_past, b.n_past) == (2, 1)
+        assert calls == [1]  # the host work beside the step ran once (before it, on the CPU)
+        engine.eval_batch([([4], a)], beside=lambda: calls.append(2))  # one sequence: Engine.eval's path
+        assert calls == [1, 2]
     finally:
         engine.close()
 

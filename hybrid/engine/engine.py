@@ -296,20 +296,24 @@ class Engine:
             return single_sequence(self.config, self.backends, n, p.type_k, p.type_v)
         return KVCache.create(self.config, self.backends, n, p.type_k, p.type_v)
 
-    def eval(self, tokens: list[int] | np.ndarray, cache: KVCache, logits_from: int | None = None) -> np.ndarray:
+    def eval(self, tokens: list[int] | np.ndarray, cache: KVCache, logits_from: int | None = None,
+             beside: Callable[[], None] | None = None) -> np.ndarray:
         """Append `tokens` at positions cache.n_past.. and return logits (float32).
 
         logits_from=None: only the last token's logits (n_vocab,); else the logits of tokens[logits_from:]
-        as (n, n_vocab).
+        as (n, n_vocab). beside(): host work that does not touch the engine, run once, while the step computes
+        where it can (a decode step replayed on the GPU: after its launch), else before the step.
         """
         tokens = np.asarray(tokens, dtype=np.int64)
         n = tokens.shape[0]
         self._check(tokens, cache)
         # one token, or a speculative check's few with every row wanted: GPU runs replayed as CUDA graphs
         if self._graphs and (n == 1 or (n <= GRAPH_MAX_TOKENS and logits_from == 0)):
-            logits = self._decode(tokens, [cache], [n])  # (n, n_vocab)
+            logits = self._decode(tokens, [cache], [n], beside=beside)  # (n, n_vocab)
             cache.n_past += n
             return logits[-1] if logits_from is None else logits
+        if beside is not None:
+            beside()
         first = n - 1 if logits_from is None else logits_from
         out = []
         ub = self.params.n_ubatch
@@ -324,8 +328,8 @@ class Engine:
         logits = np.concatenate(out, axis=0)
         return logits[-1] if logits_from is None else logits
 
-    def eval_batch(self, seqs: Sequence[tuple[Sequence[int], KVCache]],
-                   want: Sequence[bool] | None = None) -> list[np.ndarray | None]:
+    def eval_batch(self, seqs: Sequence[tuple[Sequence[int], KVCache]], want: Sequence[bool] | None = None,
+                   beside: Callable[[], None] | None = None) -> list[np.ndarray | None]:
         """One step over a ragged batch: seqs[i] = (tokens, cache), its tokens appended at cache.n_past..; each
         cache at most once. Everything but attention runs once over the stacked rows (the matmuls read each weight
         once for the whole batch), attention per sequence through its own cache (hybrid.kv.batch). Returns, per
@@ -333,7 +337,8 @@ class Engine:
         takes eval's path (fused forms, CUDA graphs); a decode step of up to GRAPH_MAX_TOKENS paged sequences of
         one pool (a token each) runs through the GPU's decode graphs, one per batch size (and, where
         MIXED_GRAPH_MAX_ROWS and the weights' kernels allow it, a step of such sequences with prompt chunks among
-        them, a graph per composition); other batches run op by op, eagerly."""
+        them, a graph per composition); other batches run op by op, eagerly. beside: as eval's (the batched
+        server hands its clients the last step's tokens there)."""
         want = [True] * len(seqs) if want is None else list(want)
         if len({id(c) for _, c in seqs}) != len(seqs):
             raise HybridError("eval_batch: a KV cache appears twice in one batch")
@@ -341,17 +346,19 @@ class Engine:
         for t, (_, cache) in zip(toks, seqs):
             self._check(t, cache)
         if len(seqs) == 1:
-            logits = self.eval(toks[0], seqs[0][1])
+            logits = self.eval(toks[0], seqs[0][1], beside=beside)
             return [logits if want[0] else None]
         caches = [c for _, c in seqs]
         lengths = [len(t) for t in toks]
         decode = len(seqs) <= GRAPH_MAX_TOKENS and all(n == 1 for n in lengths)
         if self._graphs and (decode or self._mixed_graph(lengths)) and _one_pool(caches):
             last = None if decode else np.cumsum(lengths) - 1  # the rows whose logits are computed: each last one
-            logits = self._decode(np.concatenate(toks), caches, lengths, last)
+            logits = self._decode(np.concatenate(toks), caches, lengths, last, beside=beside)
             for c, n in zip(caches, lengths):
                 c.n_past += n
             return [logits[i] if want[i] else None for i in range(len(seqs))]
+        if beside is not None:
+            beside()
         out: list[np.ndarray | None] = [None] * len(seqs)
         for piece in _ubatches([len(t) for t in toks], self.params.n_ubatch):  # [(seq, first, end)] per ubatch
             caches = [seqs[i][1] for i, _, _ in piece]
@@ -501,14 +508,15 @@ class Engine:
         return forward.softcap(self.config, logits)
 
     def _decode(self, tokens: np.ndarray, caches: list[KVCache], lengths: list[int],
-                last: np.ndarray | None = None) -> np.ndarray:
+                last: np.ndarray | None = None, beside: Callable[[], None] | None = None) -> np.ndarray:
         """A token (or a speculative check's few, GRAPH_MAX_TOKENS at most) at positions cache.n_past.. through the
         layers and the output layer -> logits (n, n_vocab); or, with several caches (paged, of one pool), one token
         of each, stacked (a ragged decode batch). Each run of layers on a GPU (with the output layer when it follows
         them there) is one decode_step of its backend: the hidden states cross to the GPU once, the run replays as
         a CUDA graph (one per batch size); paged caches send their positions and block tables with them. last: a
         mixed batch's (every layer and the output on one GPU, Engine._mixed_graph) rows whose logits are computed,
-        one a sequence (their indices cross with the positions): logits (n_seq, n_vocab)."""
+        one a sequence (their indices cross with the positions): logits (n_seq, n_vocab). beside(): run once, by
+        the first GPU run once it is launched (or first, without one)."""
         cfg, spec, w = self.config, self.spec, self.weights
         x = forward.embed(self.cpu, spec, cfg, w, np.asarray(tokens, dtype=np.int64))  # (n, n_embd) on the host
         cache = caches[0]
@@ -527,6 +535,9 @@ class Engine:
             runs[-1][3] = True
         else:
             runs.append([self.output_backend, cfg.n_layer, cfg.n_layer, True])
+        if beside is not None and not any(hasattr(be, "decode_step") for be, *_ in runs):
+            beside()
+            beside = None
 
         def run_fn(be, a: int, b: int, with_output: bool):
             def run(h, pos, rows=None):  # rows: the device indices of `last` (a mixed batch)
@@ -540,7 +551,8 @@ class Engine:
             run = run_fn(be, a, b, with_output)
             if hasattr(be, "decode_step"):
                 x = be.decode_step((a, b, with_output), {il: cache.layers[il] for il in range(a, b)}, run, x,
-                                   cache.n_past, paged=paged)
+                                   cache.n_past, paged=paged, beside=beside)
+                beside = None
             elif self.op_offload is not None and a < b:  # CPU layers: the CPU's or streamed, the output after
                 x = self._cpu_run(a, b, x, positions, kv)
                 x = run_fn(be, b, b, with_output)(x, positions)

@@ -7,12 +7,13 @@ step fails the jobs it held and frees their slots. Speculative decoding stays on
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 
 from hybrid.errors import HybridError
 from hybrid.server.runner import Output, close_job, logprob_entry
 from hybrid.server.scheduler import BatchScheduler, Event, Request, Seq
-from hybrid.server.slot import Failure, Job
+from hybrid.server.slot import Failure, Job, Outbox
 from hybrid.text.harmony import is_harmony
 
 
@@ -24,7 +25,17 @@ class Running:
 
 
 def serve_batched(state, sched: BatchScheduler, stop: threading.Event, poll_s: float = 0.2) -> None:
-    """Run jobs from state.slots through `sched` until `stop` is set."""
+    """Run jobs from state.slots through `sched` until `stop` is set. The running jobs' events wait in an Outbox
+    and go to the clients' loop once a step, while the next step computes (Engine.eval_batch's `beside`)."""
+    outbox = Outbox()
+    try:
+        _serve(state, sched, stop, poll_s, outbox)
+    finally:
+        outbox.flush()
+        state.slots.running = 0
+
+
+def _serve(state, sched: BatchScheduler, stop: threading.Event, poll_s: float, outbox: Outbox) -> None:
     jobs: dict[int, Running] = {}  # id(seq) -> its job
     held: list[Job] = []  # jobs waiting for a running prompt's shared prefix (BatchScheduler.waits_for_prefix)
     while not stop.is_set():
@@ -33,7 +44,7 @@ def serve_batched(state, sched: BatchScheduler, stop: threading.Event, poll_s: f
                 break
             if job.cancel.is_set() or not sched.waits_for_prefix(job.prompt_ids):
                 held.remove(job)
-                _admit(state, sched, job, jobs)
+                _admit(state, sched, job, jobs, outbox)
         while sched.free_slots:  # admit what waits; block briefly only when nothing runs
             job = state.slots.take(0 if jobs or held else poll_s)
             if job is None:
@@ -41,25 +52,35 @@ def serve_batched(state, sched: BatchScheduler, stop: threading.Event, poll_s: f
             if job.req.cache_prompt and sched.waits_for_prefix(job.prompt_ids):
                 held.append(job)
                 continue
-            _admit(state, sched, job, jobs)
+            _admit(state, sched, job, jobs, outbox)
         state.slots.running = len(jobs)
         for key in [k for k, r in jobs.items() if r.job.cancel.is_set()]:  # clients gone: free their slots
             sched.release(jobs[key].seq)
             _close(state, jobs, key, "stop", cancelled=True)
         if not jobs:
+            outbox.flush()
             continue
+        t0 = time.perf_counter()
         try:
-            events = sched.step()
+            events = sched.step(beside=outbox.flush)
         except Exception as exc:  # noqa: BLE001 - reported to each client; the slots go on serving
             for key in list(jobs):
                 _fail(state, sched, jobs, key, exc)
             continue
+        finally:
+            outbox.flush()  # a step that launched nothing did not flush
+        t1 = time.perf_counter()
         for ev in events:
             _deliver(state, sched, jobs, ev)
-    state.slots.running = 0
+        if not jobs:  # no next step to flush them beside (the admissions may block for poll_s)
+            outbox.flush()
+        m = state.metrics  # written by this thread alone: no lock
+        m.worker_steps += 1
+        m.worker_step_seconds += t1 - t0
+        m.worker_deliver_seconds += time.perf_counter() - t1
 
 
-def _admit(state, sched: BatchScheduler, job: Job, jobs: dict) -> None:
+def _admit(state, sched: BatchScheduler, job: Job, jobs: dict, outbox: Outbox) -> None:
     if job.cancel.is_set():  # the client left while it waited
         job.finished.set()
         return
@@ -73,6 +94,7 @@ def _admit(state, sched: BatchScheduler, job: Job, jobs: dict) -> None:
         return
     out = Output(job, state.engine.tokenizer, state.config.reasoning_format != "none",
                  is_harmony(state.template.source))
+    job.outbox = outbox
     jobs[id(seq)] = Running(job, out, seq)
 
 

@@ -20,6 +20,11 @@ class Metrics:
     cache_tokens: int = 0  # prompt tokens taken from the cache
     draft_tokens: int = 0  # speculative decoding: tokens drafted and verified
     draft_accepted: int = 0  # ...of them, accepted
+    # the batched worker's (-np > 1) wall time: its steps, of which the engine's eval_batch is the scheduler's
+    # eval_seconds, and handing the steps' tokens to their clients (text filters, stop strings, the queues)
+    worker_steps: int = 0
+    worker_step_seconds: float = 0.0
+    worker_deliver_seconds: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas) -> None:
@@ -50,6 +55,11 @@ def render(m: Metrics, gauges: dict[str, tuple[float, str]]) -> str:
         "prompt_cache_tokens_total": (m.cache_tokens, "counter", "Prompt tokens taken from the cache."),
         "draft_tokens_total": (m.draft_tokens, "counter", "Speculative decoding: drafted tokens verified."),
         "draft_tokens_accepted_total": (m.draft_accepted, "counter", "Speculative decoding: drafted tokens accepted."),
+        "worker_steps_total": (m.worker_steps, "counter", "Batched steps run (-np > 1)."),
+        "worker_step_seconds_total": (m.worker_step_seconds, "counter",
+                                      "Wall time of those steps (planning, eval_batch, sampling)."),
+        "worker_deliver_seconds_total": (m.worker_deliver_seconds, "counter",
+                                         "Wall time handing the steps' tokens to their clients."),
     }
     rows = []
     for name, (value, kind, help_) in counters.items():

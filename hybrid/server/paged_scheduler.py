@@ -40,6 +40,7 @@ class PagedScheduler:
         self.reused_tokens = 0  # prompt tokens not evaluated: found in the prefix cache or copied (/metrics)
         self.copied_tokens = 0  # of those, rows copied from a running sequence (a shared prefix's partial block)
         self.evaluated_tokens = 0  # prompt tokens evaluated (recomputed ones included)
+        self.eval_seconds = 0.0  # wall time inside Engine.eval_batch
         self.preemptions = 0
 
     @property
@@ -75,10 +76,11 @@ class PagedScheduler:
             self._publish(seq)
         self._detach(seq)
 
-    def step(self) -> list[Event]:
+    def step(self, beside=None) -> list[Event]:
         """One batch: resume what preemption stopped, where the pool has room; find every sequence's blocks for its
         tokens of this step (evicting, then preempting the newest); run them -> an Event for each that sampled a
-        token or finished (those released)."""
+        token or finished (those released). beside: host work run once the step's computation is launched
+        (Engine.eval_batch), if it runs one."""
         self._resume()
         if not self.running:
             return []
@@ -89,7 +91,7 @@ class PagedScheduler:
                 self._reserve(s, s.cells + n)
         work = [(s, n) for s, n in work if s in self.running]
         prefilling = {id(s) for s, _ in work if s.remaining}
-        events = run_step(self.engine, work, self)
+        events = run_step(self.engine, work, self, beside)
         for s, _ in work:
             if id(s) in prefilling and not s.remaining:
                 self._publish(s)  # its prompt's whole blocks, for the requests that share them

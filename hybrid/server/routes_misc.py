@@ -99,6 +99,7 @@ async def metrics(request: Request):
         gauges["prompt_tokens_reused"] = (sched.reused_tokens, "Prompt tokens taken from a cache, not evaluated.")
         gauges["prompt_tokens_copied"] = (sched.copied_tokens, "Of those, K/V rows copied from another slot.")
         gauges["prompt_tokens_evaluated"] = (sched.evaluated_tokens, "Prompt tokens evaluated by the slots.")
+        gauges["worker_eval_seconds"] = (sched.eval_seconds, "Wall time of the steps inside the engine's eval_batch.")
     kv = getattr(sched, "kv", None)
     if kv is not None:  # the paged cache (server/paged_scheduler.py): its blocks and the radix prefix cache
         r = sched.radix

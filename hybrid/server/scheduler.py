@@ -111,6 +111,7 @@ class BatchScheduler:
         self.reused_tokens = 0  # prompt tokens not evaluated: held by the slot or copied from another (/metrics)
         self.copied_tokens = 0  # of those, copied from another slot's cache
         self.evaluated_tokens = 0  # prompt tokens evaluated
+        self.eval_seconds = 0.0  # wall time inside Engine.eval_batch (/metrics: the worker's share of a step)
 
     @property
     def free_slots(self) -> int:
@@ -156,13 +157,13 @@ class BatchScheduler:
         seq.slot.seq = None
         self.running.remove(seq)
 
-    def step(self) -> list[Event]:
+    def step(self, beside=None) -> list[Event]:
         """One batch over the running sequences -> an Event for each that sampled a token or finished. Finished
-        sequences are released. Nothing to do: []."""
+        sequences are released. Nothing to do: []. beside: as PagedScheduler.step's."""
         if not self.running:
             return []
         take = plan_step([s.remaining for s in self.running], self.n_batch)
-        events = run_step(self.engine, list(zip(self.running, take)), self)
+        events = run_step(self.engine, list(zip(self.running, take)), self, beside)
         for ev in events:
             if ev.finish is not None:
                 self.release(ev.seq)
@@ -180,10 +181,11 @@ def prefix_in_flight(prompt: list[int], have: int, running: list[Seq]) -> bool:
     return False
 
 
-def run_step(engine, work: list[tuple[Seq, int]], counters) -> list[Event]:
+def run_step(engine, work: list[tuple[Seq, int]], counters, beside=None) -> list[Event]:
     """One Engine.eval_batch over the sequences' next tokens (n of them each: prompt tokens of `source`, or the
     one sampled token; n = 0: not this step), then each sequence that reached its last row samples -> its Event.
-    counters.evaluated_tokens counts the prompt tokens evaluated."""
+    counters.evaluated_tokens counts the prompt tokens evaluated, counters.eval_seconds the time in eval_batch;
+    beside goes to eval_batch (host work beside the step's computation)."""
     batch, want, who = [], [], []
     for s, n in work:
         if n == 0:
@@ -199,8 +201,9 @@ def run_step(engine, work: list[tuple[Seq, int]], counters) -> list[Event]:
     if not batch:
         return []
     t0 = time.perf_counter()
-    logits = engine.eval_batch(batch, want)
+    logits = engine.eval_batch(batch, want, beside=beside)
     ms = 1000 * (time.perf_counter() - t0)
+    counters.eval_seconds += ms / 1000
     events = []
     for s, (tokens, _), lg in zip(who, batch, logits):
         if s.remaining:

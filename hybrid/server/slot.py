@@ -44,9 +44,14 @@ class Job:
     cancel: threading.Event = field(default_factory=threading.Event)
     started: threading.Event = field(default_factory=threading.Event)
     finished: threading.Event = field(default_factory=threading.Event)
+    outbox: "Outbox | None" = None  # the batched worker's: events wait there for its next flush
 
     def post(self, event) -> None:
-        """From the worker thread: hand an event to the request's loop (a closed loop cancels the job)."""
+        """From the worker thread: hand an event to the request's loop (a closed loop cancels the job), or to the
+        worker's outbox when the job has one."""
+        if self.outbox is not None:
+            self.outbox.items.append((self, event))
+            return
         try:
             self.loop.call_soon_threadsafe(self.events.put_nowait, event)
         except RuntimeError:
@@ -54,6 +59,36 @@ class Job:
 
     async def next_event(self):
         return await self.events.get()
+
+
+class Outbox:
+    """Events of several jobs handed to their loops together: one call_soon_threadsafe a loop per flush instead of
+    one an event. Each hand-over wakes the loop's thread, which takes the interpreter lock as soon as the worker
+    lets it go and keeps it for its burst of work (the SSE chunks, the sockets); the batched worker flushes once a
+    step, after it has launched the next step's GPU work, so that burst runs while the GPU computes instead of
+    between steps."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[Job, object]] = []
+
+    def flush(self) -> None:
+        if not self.items:
+            return
+        items, self.items = self.items, []
+        by_loop: dict[int, list] = {}
+        for job, event in items:
+            by_loop.setdefault(id(job.loop), []).append((job, event))
+        for group in by_loop.values():
+            try:
+                group[0][0].loop.call_soon_threadsafe(_put_all, group)
+            except RuntimeError:  # a closed loop: its jobs' clients are gone
+                for job, _ in group:
+                    job.cancel.set()
+
+
+def _put_all(group: list) -> None:
+    for job, event in group:
+        job.events.put_nowait(event)
 
 
 class SlotQueue:
