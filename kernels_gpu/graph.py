@@ -168,11 +168,13 @@ class GraphRunner:
                       n_slots)
 
     # ---- one step
-    def run(self, key, fn, x: np.ndarray, position, slot_ptrs: list[int], beside=None) -> np.ndarray:
+    def run(self, key, fn, x: np.ndarray, position, slot_ptrs: list[int], beside=None,
+            head: int | None = None) -> np.ndarray:
         """fn's result for hidden state x (host, (1, n) float32) at `position` (an int, or an int32 array that fn
         reads as its pos), with the KV-cache addresses slot_ptrs in the slots; key names everything shape-relevant
         of fn (its graph is reused for equal keys). beside(): host work run once the step is launched, before
-        waiting for it (it must not use the step's stream)."""
+        waiting for it (it must not use the step's stream). head: only the result's first `head` values cross
+        back (flat)."""
         cp = self._cp
         x = np.ascontiguousarray(x, dtype=np.float32)
         ints = np.ascontiguousarray(np.atleast_1d(np.asarray(position, dtype=np.int32)).reshape(-1))
@@ -223,14 +225,16 @@ class GraphRunner:
             why = e.reason or ("graphs disabled" if not self.enabled and e.runs > 0 else "first run of a shape")
             self.stats.reasons[why] = self.stats.reasons.get(why, 0) + 1
         e.runs += 1
-        ho = self._pinned(out.nbytes, "out")
-        cp.cuda.runtime.memcpyAsync(ho.ctypes.data, out.data.ptr, out.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
+        size = out.size if head is None else min(head, out.size)
+        ho = self._pinned(4 * size, "out")
+        cp.cuda.runtime.memcpyAsync(ho.ctypes.data, out.data.ptr, 4 * size, cp.cuda.runtime.memcpyDeviceToHost,
                                     st.ptr)
         if beside is not None:
             beside()
         st.synchronize()
         self.check_breaks()
-        return ho.view(np.float32)[: out.size].reshape(out.shape).copy()
+        got = ho.view(np.float32)[:size]
+        return got.copy() if head is not None else got.reshape(out.shape).copy()
 
     def _replay_pieces(self, e: _Entry, skip: int) -> None:
         """The split form's pieces and host calls, in order (the first `skip` ran during the capture)."""

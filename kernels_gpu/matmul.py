@@ -447,8 +447,8 @@ def matmul_mmq(w_raw, type_name, xq, xm, y, wpr: int | None = None, packed: tupl
     """y = x W^T for 1..8 x MMQ_GROUPS[-1] tokens of activations quantize_q8_1 made, on the tensor cores (matvec_mmq.cu:
     a warp's 16 rows of a sub-block unpacked once for every group of 8 tokens): w_raw cupy uint8 (n_out, row_bytes) of
     a Q8T_MMA_TYPES type, xq cupy int8 (n_tok, n_in), xm cupy float32 (n_tok, n_in / 32, 4), y cupy float32 (n_tok,
-    n_out). wpr: warps a row tile (1, 2, 4 or 8; None: MMQ_WPR). rt: row tiles of 16 a warp (1, or 2 from 9 tokens;
-    None: mmq_rt's). packed: the activations already in the kernel's layout (_q8_mma_pack(xq, xm, mmq_groups(n_tok))),
+    n_out). wpr: warps a row tile (1, 2, 4 or 8; None: MMQ_WPR). rt: row tiles of 16 a warp (1 or 2; None:
+    mmq_rt's). packed: the activations already in the kernel's layout (_q8_mma_pack(xq, xm, mmq_groups(n_tok))),
     for callers that multiply one x by several weights."""
     if type_name not in Q8T_MMA_TYPES:
         raise ValueError(f"no tensor-core kernel for {type_name}; it has: {', '.join(Q8T_MMA_TYPES)}")
@@ -461,8 +461,8 @@ def matmul_mmq(w_raw, type_name, xq, xm, y, wpr: int | None = None, packed: tupl
     if wpr not in (1, 2, 4, 8):
         raise ValueError(f"the tensor-core kernel takes 1, 2, 4 or 8 warps a row tile, found {wpr}")
     rt = mmq_rt(n_out, n_tok) if rt is None else rt
-    if rt not in (1, 2) or (rt == 2 and n_tok <= 8):
-        raise ValueError(f"the tensor-core kernel takes 1 row tile a warp, or 2 from 9 tokens; found {rt} at {n_tok}")
+    if rt not in (1, 2):
+        raise ValueError(f"the tensor-core kernel takes 1 or 2 row tiles a warp, found {rt}")
     if n_tok == 0 or n_out == 0:
         return
     groups = mmq_groups(n_tok)

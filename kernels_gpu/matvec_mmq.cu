@@ -181,9 +181,10 @@ __device__ __forceinline__ void mmq_q4_k_body(const u8* __restrict__ w, const i8
                                                          int n_out, int n_blocks, int ntok, int wpr) {             \
         BODY<NG, RT>(w, pq, pm, y, n_out, n_blocks, ntok, wpr);                                                    \
     }
-// every entry a type has: 1 (2-8 tokens), 2, 4, 8 column groups; 2 row tiles a warp from 2 groups (matmul.mmq_rt)
+// every entry a type has: 1 (2-8 tokens), 2, 4, 8 column groups, each with 1 or 2 row tiles a warp (matmul.mmq_rt)
 #define MMQ_ENTRIES(TYPE, BODY)                                                                                    \
     MMQ_ENTRY(matvec_mmq_##TYPE, BODY, 1, 1)                                                                      \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_t2, BODY, 1, 2)                                                                 \
     MMQ_ENTRY(matvec_mmq_##TYPE##_g2, BODY, 2, 1)                                                                 \
     MMQ_ENTRY(matvec_mmq_##TYPE##_g4, BODY, 4, 1)                                                                 \
     MMQ_ENTRY(matvec_mmq_##TYPE##_g8, BODY, 8, 1)                                                                 \

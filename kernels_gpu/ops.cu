@@ -245,3 +245,39 @@ extern "C" __global__ void scale_f32(const float* __restrict__ x, float* out, lo
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
         out[i] = x[i] * s;
 }
+
+// (value, index) of the larger of two candidates: the lower index among equal values; NaNs never win
+__device__ __forceinline__ void argmax_take(float& best, int& bi, float v, int i) {
+    if (v > best || (v == best && i < bi)) {
+        best = v;
+        bi = i;
+    }
+}
+
+// ids[r] = the index of row r's largest value as a float (exact below 2^24), np.argmax's choice among equals (the
+// lowest index); a row of -inf or NaN only gives 0. x (n_rows, n) f32; one CTA of 1024 threads a row.
+extern "C" __global__ void __launch_bounds__(1024) argmax_rows_f32(const float* __restrict__ x, float* __restrict__ ids,
+                                                                  int n) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    const float* row = x + (size_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) argmax_take(best, bi, row[i], i);  // ascending i: first kept
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_take(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
+        sv[warp] = best;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (warp) return;
+    best = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
+    bi = lane < (int)(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        argmax_take(best, bi, __shfl_xor_sync(0xffffffffu, best, o), __shfl_xor_sync(0xffffffffu, bi, o));
+    if (lane == 0) ids[blockIdx.x] = (float)(bi == 0x7fffffff ? 0 : bi);
+}

@@ -262,3 +262,19 @@ def scale(x, s: float, out=None):
     if x.size:
         get_kernel("ops", "scale_f32")(_grid(x.size), (256,), (x, out, np.int64(x.size), np.float32(s)))
     return out
+
+
+def argmax_rows(x, out=None):
+    """x (n_rows, n) f32 -> each row's argmax as float32 (n_rows,) (exact ids below 2^24): np.argmax's choice among
+    equal values (the lowest index); NaNs never win (a row without a number larger than -inf gives 0). out: a
+    float32 (n_rows,) view to write (e.g. the head of a step's output buffer)."""
+    import cupy  # noqa: PLC0415
+
+    x = _f32("argmax_rows", x, 2)
+    n_rows, n = x.shape
+    if n >= 1 << 24:
+        raise ValueError(f"argmax_rows: rows of {n} values have ids a float32 cannot hold exactly")
+    out = cupy.empty(n_rows, dtype=cupy.float32) if out is None else out
+    if n_rows:
+        get_kernel("ops", "argmax_rows_f32")((n_rows,), (1024,), (x, out, np.int32(n)))
+    return out

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Where a GPU decode step of B sequences goes: ms a step of Engine.eval_batch over paged caches of one pool (the
-decode graphs of `hybrid serve -np N`) at each B, how its graphs ran, and the matvec of one layer's matrices at B
+decode graphs of `hybrid serve -np N`) at each B, with the logits and with the greedy ids alone crossing back
+(eval_batch's ids), how its graphs ran, and the matvec of one layer's matrices at B
 tokens (the float-activation kernels of 2-8 tokens against the 8-bit one-token kernel).
 
     python3 scripts/gpu_batch_step.py MODEL [-b 1,2,4,8] [--depth 64] [--steps 30]
@@ -23,8 +24,8 @@ def decode_batch(e, b: int, depth: int, room: int, rng):
     seqs = [kv.sequence(depth + room) for _ in range(b)]
     e.eval_batch([(rng.integers(3, e.config.n_vocab, depth), s) for s in seqs])
 
-    def step() -> None:
-        e.eval_batch([(rng.integers(3, e.config.n_vocab, 1), s) for s in seqs])
+    def step(ids: bool = False) -> None:
+        e.eval_batch([(rng.integers(3, e.config.n_vocab, 1), s) for s in seqs], ids=[ids] * b)
 
     return seqs, step
 
@@ -57,7 +58,9 @@ def main() -> None:
     for b in (int(x) for x in a.batch.split(",")):
         _, step = decode_batch(e, b, a.depth, 1024 - a.depth, rng)
         ms = step_ms(step, a.steps)
-        print(f"B={b}: {ms:.2f} ms a step, {b * 1000 / ms:.1f} tokens/s")
+        ms_ids = step_ms(lambda: step(ids=True), a.steps)
+        print(f"B={b}: {ms:.2f} ms a step, {b * 1000 / ms:.1f} tokens/s; {ms_ids:.2f} ms with the greedy ids "
+              f"alone crossing back ({b * 1000 / ms_ids:.1f} tokens/s)")
     print(gpu.graph_report())
     lw = e.weights.layers[0]
     for name in ("attn_q", "ffn_up", "ffn_down"):

@@ -123,6 +123,14 @@ def test_eval_batch_refuses_a_cache_twice_and_skips_unwanted_logits(model_path):
         assert calls == [1]  # the host work beside the step ran once (before it, on the CPU)
         engine.eval_batch([([4], a)], beside=lambda: calls.append(2))  # one sequence: Engine.eval's path
         assert calls == [1, 2]
+        a, b, c, d = (engine.new_cache(32) for _ in range(4))  # ids: the argmax of the logits the same step gives
+        want = engine.eval_batch([([1, 2, 3], c), ([3], d)])
+        got = engine.eval_batch([([1, 2, 3], a), ([3], b)], ids=[True, True])
+        assert got == [int(np.argmax(w)) for w in want] and all(isinstance(g, int) for g in got)
+        got = engine.eval_batch([([5], a), ([6], b)], ids=[False, True])
+        want = engine.eval_batch([([5], c), ([6], d)])
+        np.testing.assert_array_equal(got[0], want[0])
+        assert got[1] == int(np.argmax(want[1]))
     finally:
         engine.close()
 

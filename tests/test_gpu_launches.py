@@ -119,3 +119,19 @@ def test_backend_norm_and_attention_give_eight_rows_their_8bit_copy(monkeypatch)
         memo = be._q8_of(normed)
         assert memo is not None
         np.testing.assert_array_equal(memo[0].get(), quantize_q8_1(normed)[0].get())
+
+
+def test_argmax_rows_is_numpys_argmax():
+    """ops.argmax_rows (a decode step's greedy ids, computed on the GPU): np.argmax's choice, ties to the lowest
+    index, over rows of a vocabulary's width and odd ones."""
+    rng = np.random.default_rng(11)
+    for n in (128256, 1000, 33):
+        x = rng.standard_normal((9, n)).astype(np.float32)
+        x[1, [5, n // 2, n - 1]] = 50.0  # a tie: the lowest index wins
+        x[2, :] = -np.inf
+        x[2, n - 1] = -1e30  # the only finite value, last
+        x[3, :] = 7.0  # all equal: 0
+        x[4, n - 1] = 99.0  # the last index
+        got = ops.argmax_rows(cupy.asarray(x)).get()
+        assert got.dtype == np.float32
+        np.testing.assert_array_equal(got.astype(np.int64), np.argmax(x, axis=1))

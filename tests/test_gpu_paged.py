@@ -272,3 +272,34 @@ def test_the_paged_scheduler_serves_on_the_gpu_and_gives_every_block_back(engine
     assert pool.n_free + sched.radix.n_blocks == pool.n_blocks
     sched.radix.evict(pool.n_blocks)
     assert pool.n_free == pool.n_blocks
+
+
+@pytest.mark.parametrize("n_seq", [1, 3, 8])
+def test_decode_steps_give_greedy_ids_alone_equal_to_the_logits_argmax(engine, n_seq):
+    """eval_batch(ids=...): a decode step replayed on the GPU computes each row's argmax there and, when every row
+    wants only that, copies back the ids alone; they equal np.argmax of the logits the same step gives (two sets of
+    sequences fed the same tokens through the same graph), and a step mixing both kinds gives each its own."""
+    rng = np.random.default_rng(40 + n_seq)
+    kv, _ = _scrambled_pool(engine, 96)
+    prompts = [[int(t) for t in rng.integers(3, SHAPE.n_vocab, n)] for n in rng.integers(4, 40, n_seq)]
+    a, b = ([kv.sequence(256) for _ in prompts] for _ in range(2))
+    la = engine.eval_batch(list(zip(prompts, a)))
+    ib = engine.eval_batch(list(zip(prompts, b)), ids=[True] * n_seq)  # a prefill (eager): ids on the host
+    assert ib == [int(np.argmax(x)) for x in la]
+    for step in range(5):
+        toks = [int(np.argmax(x)) for x in la]
+        la = engine.eval_batch([([t], s) for t, s in zip(toks, a)])
+        ib = engine.eval_batch([([t], s) for t, s in zip(toks, b)], ids=[True] * n_seq)
+        assert all(isinstance(i, int) for i in ib)
+        assert ib == [int(np.argmax(x)) for x in la], step
+    gpu = next(be for be in engine.backends if be.name == "gpu")
+    assert not gpu.graph_fallback, gpu.graph_report()
+    toks = [int(np.argmax(x)) for x in la]
+    mixed = [i % 2 == 0 for i in range(n_seq)]
+    la = engine.eval_batch([([t], s) for t, s in zip(toks, a)])
+    got = engine.eval_batch([([t], s) for t, s in zip(toks, b)], ids=mixed)
+    for g, x, m in zip(got, la, mixed):
+        if m:
+            assert g == int(np.argmax(x))
+        else:
+            np.testing.assert_array_equal(g, x)

@@ -61,3 +61,19 @@ def test_penalties_as_llama_cpp():
 def test_log_softmax_normalized():
     x = np.random.default_rng(1).normal(size=(3, 50)).astype(np.float32) * 10
     assert np.allclose(np.exp(log_softmax(x)).sum(-1), 1.0)
+
+
+def test_argmax_only_where_greedy_draws_are_the_raw_logits_argmax():
+    """Sampler.argmax_only: greedy with no penalty that would change the logits (the engine may then hand over the
+    id alone); its draws are then np.argmax of the logits as given."""
+    assert Sampler(SamplingParams(temp=0)).argmax_only
+    assert Sampler(SamplingParams(temp=0, repeat_penalty=1.3, repeat_last_n=0)).argmax_only
+    assert not Sampler(SamplingParams(temp=0.8)).argmax_only
+    assert not Sampler(SamplingParams(temp=0, repeat_penalty=1.3)).argmax_only
+    assert not Sampler(SamplingParams(temp=0, presence_penalty=0.5)).argmax_only
+    assert not Sampler(SamplingParams(temp=0, frequency_penalty=0.5)).argmax_only
+    rng = np.random.default_rng(2)
+    s = Sampler(SamplingParams(temp=0))
+    for _ in range(20):
+        logits = rng.standard_normal(500).astype(np.float32)
+        assert s.sample(logits, list(rng.integers(0, 500, 30))) == int(np.argmax(logits))

@@ -106,10 +106,13 @@ class GraphDecoding(Protocol):
     use_graphs: bool  # False: eager launches (reported by graph_report)
 
     def decode_step(self, key, kv_layers: dict, fn, x: np.ndarray, position: int, paged=None,
-                    beside=None) -> np.ndarray:
+                    beside=None, head: int | None = None) -> np.ndarray:
         """fn(x (1, n_embd) f32, positions (1,) int32, both on the device) over the layers kv_layers covers;
         captured once per hashable key and replayed; beside() runs on the host while the GPU computes; returns
-        fn's result on the host."""
+        fn's result on the host (its first `head` values, flat, where head is given)."""
+
+    def logits_and_ids(self, logits):
+        """A decode step's output: each row's argmax id, then the logits, one flat float32 array."""
 
     def gather_rows(self, x, rows):
         """x[rows] (rows: device int32 indices, read when the kernel runs): a mixed batch's rows for the output."""

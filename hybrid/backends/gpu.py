@@ -91,7 +91,7 @@ class GpuBackend:
 
     # ---- decode steps as CUDA graphs
     def decode_step(self, key, kv_layers: dict, fn, x: np.ndarray, position: int, paged=None,
-                    beside=None) -> np.ndarray:
+                    beside=None, head: int | None = None) -> np.ndarray:
         """One decode token (or a speculative check's few) through a run of layers on this GPU: fn(x, positions)
         -> cupy array launches the work (x (n, n_embd) float32 and positions (n,) int32 on the device, from
         `position` on; layer il's cache is kv_layers[il]).
@@ -107,7 +107,8 @@ class GpuBackend:
         makes its own, Engine.new_cache). A fifth item, last (n_seq,) on the host, makes it a mixed batch (prompt
         chunks among the sequences, rows ordered by sequence): the rows' composition joins the key, and fn is called
         as fn(x, positions, rows) with `last` on the device, the rows it keeps for the output. beside(): host work
-        run while the GPU computes the step (GraphRunner.run). Returns fn's result on the host."""
+        run while the GPU computes the step (GraphRunner.run). Returns fn's result on the host (with head: its
+        first `head` values only, flat)."""
         from kernels_gpu.graph import GraphRunner  # noqa: PLC0415
 
         from kernels_gpu.kv_cache import PagedArgs  # noqa: PLC0415
@@ -148,7 +149,7 @@ class GpuBackend:
             # an observer copies each layer's routing to the host, mid-step: eager steps (a graph captured without
             # it would replay without telling it)
             self._graphs.enabled = self.use_graphs and self.routing_observer is None
-            return self._graphs.run((key, sig), step, x, position, ptrs, beside)
+            return self._graphs.run((key, sig), step, x, position, ptrs, beside, head)
 
     def graph_report(self) -> str:
         """How decode steps ran: CUDA graphs captured and replayed, or eager launches and why."""
@@ -483,6 +484,18 @@ class GpuBackend:
             self._no_capture("a block table from the host")
             self._tables = (key, PagedArgs(self._cupy.asarray(layer.table.reshape(1, -1)), None, layer.block_size))
         return self._tables[1]
+
+    def logits_and_ids(self, logits):
+        """logits (n, n_vocab) -> one flat float32 array: each row's argmax id (ops.argmax_rows), then the logits;
+        a decode step's output, of which the host may copy the ids alone (decode_step's head)."""
+        from kernels_gpu import ops  # noqa: PLC0415
+
+        logits = self._dev(logits)
+        n = logits.shape[0]
+        out = self._cupy.empty(n + logits.size, dtype=self._cupy.float32)
+        ops.argmax_rows(logits, out=out[:n])
+        out[n:] = logits.reshape(-1)
+        return out
 
     def gather_rows(self, x, rows):
         """x[rows] as a contiguous array, rows a device int32 array (read when the kernel runs: capturable)."""

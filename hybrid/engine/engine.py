@@ -329,7 +329,8 @@ class Engine:
         return logits[-1] if logits_from is None else logits
 
     def eval_batch(self, seqs: Sequence[tuple[Sequence[int], KVCache]], want: Sequence[bool] | None = None,
-                   beside: Callable[[], None] | None = None) -> list[np.ndarray | None]:
+                   beside: Callable[[], None] | None = None,
+                   ids: Sequence[bool] | None = None) -> list[np.ndarray | int | None]:
         """One step over a ragged batch: seqs[i] = (tokens, cache), its tokens appended at cache.n_past..; each
         cache at most once. Everything but attention runs once over the stacked rows (the matmuls read each weight
         once for the whole batch), attention per sequence through its own cache (hybrid.kv.batch). Returns, per
@@ -338,25 +339,41 @@ class Engine:
         one pool (a token each) runs through the GPU's decode graphs, one per batch size (and, where
         MIXED_GRAPH_MAX_ROWS and the weights' kernels allow it, a step of such sequences with prompt chunks among
         them, a graph per composition); other batches run op by op, eagerly. beside: as eval's (the batched
-        server hands its clients the last step's tokens there)."""
+        server hands its clients the last step's tokens there). ids: where ids[i] is True, sequence i's entry is
+        the id of its largest logit (an int: greedy sampling) instead of its logits; when every wanted entry is
+        one, a step replayed on the GPU brings only the ids back, not n_vocab logits a row."""
         want = [True] * len(seqs) if want is None else list(want)
         if len({id(c) for _, c in seqs}) != len(seqs):
             raise HybridError("eval_batch: a KV cache appears twice in one batch")
+        ids = [False] * len(seqs) if ids is None else [bool(i) for i in ids]
+        only = any(ids) and all(i or not wt for i, wt in zip(ids, want))
+        out = self._eval_batch(seqs, want, beside, only)
+        if only:
+            return out
+        return [int(np.argmax(lg)) if i and lg is not None else lg for lg, i in zip(out, ids)]
+
+    def _eval_batch(self, seqs, want: list[bool], beside, ids_only: bool) -> list:
+        """eval_batch's step: each wanted entry its logits, or with ids_only its argmax id."""
         toks = [np.asarray(t, dtype=np.int64) for t, _ in seqs]
         for t, (_, cache) in zip(toks, seqs):
             self._check(t, cache)
         if len(seqs) == 1:
-            logits = self.eval(toks[0], seqs[0][1], beside=beside)
-            return [logits if want[0] else None]
+            t, cache = toks[0], seqs[0][1]
+            if ids_only and self._graphs and len(t) == 1:  # eval's decode step, only the id crossing back
+                got = self._decode(t, [cache], [1], beside=beside, ids_only=True)
+                cache.n_past += 1
+                return [int(got[-1]) if want[0] else None]
+            logits = self.eval(t, cache, beside=beside)
+            return [(int(np.argmax(logits)) if ids_only else logits) if want[0] else None]
         caches = [c for _, c in seqs]
         lengths = [len(t) for t in toks]
         decode = len(seqs) <= GRAPH_MAX_TOKENS and all(n == 1 for n in lengths)
         if self._graphs and (decode or self._mixed_graph(lengths)) and _one_pool(caches):
             last = None if decode else np.cumsum(lengths) - 1  # the rows whose logits are computed: each last one
-            logits = self._decode(np.concatenate(toks), caches, lengths, last, beside=beside)
+            got = self._decode(np.concatenate(toks), caches, lengths, last, beside=beside, ids_only=ids_only)
             for c, n in zip(caches, lengths):
                 c.n_past += n
-            return [logits[i] if want[i] else None for i in range(len(seqs))]
+            return [(int(got[i]) if ids_only else got[i]) if want[i] else None for i in range(len(seqs))]
         if beside is not None:
             beside()
         out: list[np.ndarray | None] = [None] * len(seqs)
@@ -375,7 +392,7 @@ class Engine:
                     out[i] = logits[j]
         for t, (_, cache) in zip(toks, seqs):
             cache.n_past += len(t)
-        return out
+        return [int(np.argmax(o)) if o is not None else None for o in out] if ids_only else out
 
     def _mixed_graph(self, lengths: list[int]) -> bool:
         """Whether a batch of sequences of these lengths, some of several tokens, runs as a decode graph: at most
@@ -508,7 +525,8 @@ class Engine:
         return forward.softcap(self.config, logits)
 
     def _decode(self, tokens: np.ndarray, caches: list[KVCache], lengths: list[int],
-                last: np.ndarray | None = None, beside: Callable[[], None] | None = None) -> np.ndarray:
+                last: np.ndarray | None = None, beside: Callable[[], None] | None = None,
+                ids_only: bool = False) -> np.ndarray:
         """A token (or a speculative check's few, GRAPH_MAX_TOKENS at most) at positions cache.n_past.. through the
         layers and the output layer -> logits (n, n_vocab); or, with several caches (paged, of one pool), one token
         of each, stacked (a ragged decode batch). Each run of layers on a GPU (with the output layer when it follows
@@ -516,7 +534,9 @@ class Engine:
         a CUDA graph (one per batch size); paged caches send their positions and block tables with them. last: a
         mixed batch's (every layer and the output on one GPU, Engine._mixed_graph) rows whose logits are computed,
         one a sequence (their indices cross with the positions): logits (n_seq, n_vocab). beside(): run once, by
-        the first GPU run once it is launched (or first, without one)."""
+        the first GPU run once it is launched (or first, without one). ids_only: the rows' argmax ids (n,) int64
+        instead of their logits; an output layer in a decode graph computes them there (GpuBackend.logits_and_ids)
+        and only they cross to the host."""
         cfg, spec, w = self.config, self.spec, self.weights
         x = forward.embed(self.cpu, spec, cfg, w, np.asarray(tokens, dtype=np.int64))  # (n, n_embd) on the host
         cache = caches[0]
@@ -539,26 +559,39 @@ class Engine:
             beside()
             beside = None
 
-        def run_fn(be, a: int, b: int, with_output: bool):
+        n_rows = len(tokens) if last is None else len(last)  # the rows whose logits are computed
+
+        def run_fn(be, a: int, b: int, with_output: bool, graph: bool = False):
             def run(h, pos, rows=None):  # rows: the device indices of `last` (a mixed batch)
                 h = forward.layers(spec, cfg, w, self.backends, range(a, b), h, pos, kv)
                 if rows is not None:
                     h = be.gather_rows(h, rows)
-                return forward.head(be, cfg, w.output, w.output_norm, h) if with_output else h
+                if not with_output:
+                    return h
+                logits = forward.head(be, cfg, w.output, w.output_norm, h)
+                return be.logits_and_ids(logits) if graph else logits  # [argmax ids | logits], flat
             return run
 
+        in_graph = ids_crossed = False  # the output ran in a decode graph (x: its ids, then its logits, or the ids)
         for be, a, b, with_output in runs:
-            run = run_fn(be, a, b, with_output)
             if hasattr(be, "decode_step"):
+                run = run_fn(be, a, b, with_output, graph=True)
+                in_graph = with_output
+                ids_crossed = with_output and ids_only and not cfg.final_logit_softcapping  # (else: argmax after it)
                 x = be.decode_step((a, b, with_output), {il: cache.layers[il] for il in range(a, b)}, run, x,
-                                   cache.n_past, paged=paged, beside=beside)
+                                   cache.n_past, paged=paged, beside=beside, head=n_rows if ids_crossed else None)
                 beside = None
             elif self.op_offload is not None and a < b:  # CPU layers: the CPU's or streamed, the output after
                 x = self._cpu_run(a, b, x, positions, kv)
                 x = run_fn(be, b, b, with_output)(x, positions)
             else:
-                x = run(x, positions)
-        return forward.softcap(cfg, x)
+                x = run_fn(be, a, b, with_output)(x, positions)
+        if ids_crossed:
+            return x.astype(np.int64)
+        if in_graph:
+            x = x[n_rows:].reshape(n_rows, -1)
+        logits = forward.softcap(cfg, x)
+        return np.argmax(logits, axis=-1) if ids_only else logits
 
     def _cpu_run(self, a: int, b: int, x: np.ndarray, positions: np.ndarray, kv) -> np.ndarray:
         """CPU layers [a, b) over a batch below op offload's threshold: on the CPU, or with the layers' weights

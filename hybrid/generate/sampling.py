@@ -39,6 +39,14 @@ class Sampler:
         self.params = params
         self.rng = np.random.default_rng(None if params.seed < 0 else params.seed)
 
+    @property
+    def argmax_only(self) -> bool:
+        """Whether every draw is the largest logit's id as the model gives it (greedy, and no penalty applies):
+        the engine may then hand over that id alone (Engine.eval_batch's ids)."""
+        p = self.params
+        return p.greedy and (p.repeat_last_n == 0 or (p.repeat_penalty == 1.0 and p.presence_penalty == 0.0
+                                                      and p.frequency_penalty == 0.0))
+
     def sample(self, logits: np.ndarray, history: list[int] | tuple[int, ...] = ()) -> int:
         """logits: (n_vocab,) float32; history: the prompt and generated tokens so far."""
         p = self.params

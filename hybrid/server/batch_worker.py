@@ -87,7 +87,7 @@ def _admit(state, sched: BatchScheduler, job: Job, jobs: dict, outbox: Outbox) -
     job.started.set()
     req = job.req
     try:
-        seq = sched.admit(Request(job.prompt_ids, req.sampling, req.max_tokens, req.cache_prompt))
+        seq = sched.admit(Request(job.prompt_ids, req.sampling, req.max_tokens, req.cache_prompt, req.logprobs))
     except HybridError as exc:
         job.post(Failure(str(exc)))
         job.finished.set()

@@ -43,6 +43,7 @@ class Request:
     sampling: SamplingParams
     n_predict: int  # -1: until the slot's context is full
     cache_prompt: bool = True
+    logits: bool = False  # each sampled token's logits are wanted (logprobs): never only the argmax id
 
 
 @dataclass(eq=False)  # compared by identity (it is found in lists)
@@ -79,7 +80,8 @@ class Seq:
 @dataclass
 class Event:
     """What a step did for one sequence: a token (None: none this step) and whether it ended (finish: "stop" at
-    an end-of-generation token, "length" at n_predict or a full context); logits: what the token was sampled from."""
+    an end-of-generation token, "length" at n_predict or a full context); logits: what the token was sampled from
+    (None where only its id was asked: Request.logits False and greedy)."""
 
     seq: Seq
     token: int | None
@@ -200,8 +202,10 @@ def run_step(engine, work: list[tuple[Seq, int]], counters, beside=None) -> list
         who.append(s)
     if not batch:
         return []
+    # greedy sequences that need no logits take their token's id alone (on a GPU only the ids cross back)
+    ids = [s.sampler.argmax_only and not s.req.logits and s.req.n_predict != 0 for s in who]
     t0 = time.perf_counter()
-    logits = engine.eval_batch(batch, want, beside=beside)
+    logits = engine.eval_batch(batch, want, beside=beside, ids=ids)
     ms = 1000 * (time.perf_counter() - t0)
     counters.eval_seconds += ms / 1000
     events = []
@@ -219,11 +223,13 @@ def run_step(engine, work: list[tuple[Seq, int]], counters, beside=None) -> list
     return events
 
 
-def _sample(engine, s: Seq, logits: np.ndarray) -> Event:
+def _sample(engine, s: Seq, got: np.ndarray | int) -> Event:
+    """s's next token from its logits, or the id eval_batch chose (Sampler.argmax_only) -> its Event."""
+    logits = got if isinstance(got, np.ndarray) else None
     if s.req.n_predict == 0:  # the prompt evaluated, nothing to generate (as generate() with n_predict 0)
         return Event(s, None, "length", logits)
     t0 = time.perf_counter()
-    tok = s.sampler.sample(logits, s.history)
+    tok = s.sampler.sample(logits, s.history) if logits is not None else int(got)
     s.timings.sample_ms += 1000 * (time.perf_counter() - t0)
     if engine.tokenizer.is_eog(tok):
         s.next_token = None
