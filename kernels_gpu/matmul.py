@@ -175,7 +175,7 @@ def matmul(w_raw, type_name, x, out=None, path: str = "auto", wpr: int | None = 
         xq, xm = quantize_q8_1(x2) if q8_act is None else q8_act
         matvec_q8(w_raw, type_name, xq, xm, y2, wpr, rpw)
     elif path == "matvec" and q8_act is None and (mw := _mma_route(type_name, n_out, n_tok, q8, wpr)):
-        _mmq_launch(w_raw, k, quantize_q8_mma(x2), y2, n_out, n_in, n_tok, mw)  # no xq, xm needed
+        _mmq_launch(w_raw, k, quantize_q8_mma(x2), y2, n_out, n_in, n_tok, mw, q8t_rt(type_name, n_out))
     elif path == "matvec" and uses_q8t(type_name, n_tok, q8):
         xq, xm = quantize_q8_1(x2) if q8_act is None else q8_act
         matvec_q8t(w_raw, type_name, xq, xm, y2, wpr)
@@ -410,13 +410,24 @@ def matvec_q8t(w_raw, type_name, xq, xm, y, wpr: int | None = None, rpw: int | N
     if wpr not in (1, 2, 4, 8) or rpw not in (2, 4):
         raise ValueError(f"matvec_q8t takes 2 or 4 rows a warp and 1, 2, 4 or 8 warps a row, found {rpw}, {wpr}")
     if kernel == "mma":
-        _mmq_launch(w_raw, k, _q8_mma_pack(xq, xm), y, n_out, n_in, n_tok, wpr)
+        _mmq_launch(w_raw, k, _q8_mma_pack(xq, xm), y, n_out, n_in, n_tok, wpr, q8t_rt(type_name, n_out))
         return
     i32 = np.int32
     nt = 2 if n_tok == 2 else 4 if n_tok <= 4 else 8
     grid = -(-(-(-n_out // rpw)) // (MV_WARPS // wpr))
     fn = get_kernel("matvec_q8", f"matvec_q8t_{k.suffix}_{nt}_r{rpw}")
     fn((grid,), (256,), (w_raw, xq, xm, y, i32(n_out), i32(n_in // k.block_size), i32(n_tok), i32(wpr)))
+
+
+Q6K_Q8T_RT2_MAX_ROWS = 16384  # a Q6_K matrix of up to this many rows takes 2 row tiles a warp in matvec_q8t's
+# tensor-core kernel (each activation fragment serves both): at 8 tokens 33.2 against 44.7 us on 4096x14336 and 10.6
+# against 12.2 on 1024x4096, while 128256x4096 keeps 1 (232.6 against 239.3); Q4_K keeps 1 (H200,
+# scripts/gpu_mmq_check.py --tokens 8)
+
+
+def q8t_rt(type_name: str, n_out: int) -> int:
+    """Row tiles of 16 a warp of matvec_q8t's tensor-core kernel (2-8 tokens)."""
+    return 2 if type_name == "Q6_K" and n_out <= Q6K_Q8T_RT2_MAX_ROWS else 1
 
 
 MMQ_GROUPS = (1, 2, 4, 8)  # column groups of 8 tokens with a compiled tensor-core kernel (matvec_mmq_<type>[_g<G>])
@@ -643,7 +654,8 @@ def matmul_many(ws_raw, type_names, x, q8: bool | None = None, q8_act: tuple | N
             packed = quantize_q8_mma(x2) if q8_act is None else _q8_mma_pack(*q8_act)
             for i, w in mma.items():
                 ys[i] = cupy.empty((n_tok, n_outs[i]), dtype=cupy.float32)
-                _mmq_launch(ws_raw[i], ks[i], packed, ys[i], n_outs[i], n_in, n_tok, w)
+                _mmq_launch(ws_raw[i], ks[i], packed, ys[i], n_outs[i], n_in, n_tok, w,
+                            q8t_rt(type_names[i], n_outs[i]))
     for i, y in enumerate(ys):
         if y is None:
             ys[i] = matmul(ws_raw[i], type_names[i], x2, q8=q8, q8_act=q8_act)

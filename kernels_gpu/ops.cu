@@ -261,7 +261,7 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_rows_f32(const float* 
     __shared__ float sv[32];
     __shared__ int si[32];
     const float* row = x + (size_t)blockIdx.x * n;
-    float best = -INFINITY;
+    float best = __int_as_float((int)0xff800000);  // -inf (NVRTC has no INFINITY)
     int bi = 0x7fffffff;
     for (int i = threadIdx.x; i < n; i += blockDim.x) argmax_take(best, bi, row[i], i);  // ascending i: first kept
 #pragma unroll
@@ -274,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(1024) argmax_rows_f32(const float* 
     }
     __syncthreads();
     if (warp) return;
-    best = lane < (int)(blockDim.x >> 5) ? sv[lane] : -INFINITY;
+    best = lane < (int)(blockDim.x >> 5) ? sv[lane] : __int_as_float((int)0xff800000);
     bi = lane < (int)(blockDim.x >> 5) ? si[lane] : 0x7fffffff;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
