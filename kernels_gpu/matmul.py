@@ -420,9 +420,9 @@ def matvec_q8t(w_raw, type_name, xq, xm, y, wpr: int | None = None, rpw: int | N
 
 
 Q6K_Q8T_RT2_MAX_ROWS = 16384  # a Q6_K matrix of up to this many rows takes 2 row tiles a warp in matvec_q8t's
-# tensor-core kernel (each activation fragment serves both): at 8 tokens 33.2 against 44.7 us on 4096x14336 and 10.6
-# against 12.2 on 1024x4096, while 128256x4096 keeps 1 (232.6 against 239.3); Q4_K keeps 1 (H200,
-# scripts/gpu_mmq_check.py --tokens 8)
+# tensor-core kernel (each activation fragment serves both): at 2, 4 and 8 tokens 33.2 against 45-48 us on 4096x14336
+# and 10.5 against 12.1 on 1024x4096, while 128256x4096 keeps 1 (227-232 against 227-239); Q4_K keeps 1 (H200,
+# scripts/gpu_mmq_check.py --tokens 2,4,8)
 
 
 def q8t_rt(type_name: str, n_out: int) -> int:
