@@ -1,6 +1,6 @@
 """The pure parts of the serving load scripts: which inter-token gaps scripts/bench_chunked.py counts, its
-percentiles, which --server-args scripts/bench_serve.py passes on to `hybrid run`, and scripts/serve_soak.py's leak
-check and verdict."""
+percentiles, which --server-args scripts/bench_serve.py passes on to `hybrid run` and how it splits the worker's
+/metrics counters a step, and scripts/serve_soak.py's leak check and verdict."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 from bench_chunked import Stream, gaps, stats  # noqa: E402
-from bench_serve import run_flags  # noqa: E402
+from bench_serve import run_flags, worker_split  # noqa: E402
 
 
 def _stream(times):
@@ -33,6 +33,17 @@ def test_stats_median_p99_max():
     assert st["n"] == 100 and st["median"] == 50.5 and st["max"] == 100.0
     assert st["p99"] == 99.0  # the value at rank round(0.99 * 99) = 98 of the sorted gaps
     assert stats([]) == {"n": 0, "median": 0.0, "p99": 0.0, "max": 0.0}
+
+
+def test_worker_split_is_ms_a_step_between_two_readings():
+    before = {"steps_total": 10, "step_seconds_total": 1.0, "eval_seconds": 0.8, "deliver_seconds_total": 0.1}
+    after = {"steps_total": 110, "step_seconds_total": 1.6, "eval_seconds": 1.3, "deliver_seconds_total": 0.15}
+    w = worker_split(before, after, 0.8)
+    assert w["steps"] == 100
+    assert abs(w["eval_ms"] - 5.0) < 1e-9 and abs(w["step_rest_ms"] - 1.0) < 1e-9
+    assert abs(w["deliver_ms"] - 0.5) < 1e-9 and abs(w["wall_ms"] - 8.0) < 1e-9
+    assert worker_split({}, after, 0.8) is None  # a server without the counters (llama-server)
+    assert worker_split(after, after, 0.8) is None  # no step in between
 
 
 def test_run_flags_drop_the_servers_own():
