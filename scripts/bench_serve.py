@@ -27,6 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import urlparse
 
+from hybrid.server.metrics import parse as parse_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
 FILLER = ("The history of the city is long and full of changes: its markets, its rivers, its bridges and the people "
           "who crossed them every morning on their way to work, in every season of the year. ")
@@ -100,24 +102,26 @@ def prompt_text(i: int, n_tokens: int) -> str:
 WORKER = ("steps_total", "step_seconds_total", "eval_seconds", "deliver_seconds_total")
 
 
-def worker_counters(url: str) -> dict[str, float]:
-    """The batched worker's counters from /metrics (hybrid_worker_*; empty for a server without them)."""
+def get_text(url: str, path: str) -> tuple[int, str]:
+    """GET url + path -> (HTTP status, body text); OSError where the server cannot be reached."""
     u = urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
     try:
-        conn.request("GET", "/metrics")
+        conn.request("GET", path)
         r = conn.getresponse()
-        text = r.read().decode() if r.status == 200 else ""
-    except OSError:
-        text = ""
+        return r.status, r.read().decode()
     finally:
         conn.close()
-    out = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name.startswith("hybrid_worker_") and name[len("hybrid_worker_"):] in WORKER:
-            out[name[len("hybrid_worker_"):]] = float(value)
-    return out
+
+
+def worker_counters(url: str) -> dict[str, float]:
+    """The batched worker's counters from /metrics (hybrid_worker_*; empty for a server without them)."""
+    try:
+        status, text = get_text(url, "/metrics")
+    except OSError:
+        return {}
+    samples = parse_metrics(text) if status == 200 else {}
+    return {k: samples[f"hybrid_worker_{k}"] for k in WORKER if f"hybrid_worker_{k}" in samples}
 
 
 def worker_split(before: dict, after: dict, wall_s: float) -> dict | None:

@@ -202,17 +202,10 @@ def check_finish(finish, usage: dict, plan: dict, where: str) -> tuple[bool, str
 # ---- the server's state --------------------------------------------------------------------------------------------
 
 def get_metrics(url: str) -> dict[str, float]:
-    u = urlparse(url)
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
-    try:
-        conn.request("GET", "/metrics")
-        r = conn.getresponse()
-        text = r.read().decode()
-        if r.status != 200:
-            raise RuntimeError(f"/metrics: HTTP {r.status}: {text[:200]}")
-        return {k.removeprefix("hybrid_"): v for k, v in parse_metrics(text).items()}
-    finally:
-        conn.close()
+    status, text = bench_serve.get_text(url, "/metrics")
+    if status != 200:
+        raise RuntimeError(f"/metrics: HTTP {status}: {text[:200]}")
+    return {k.removeprefix("hybrid_"): v for k, v in parse_metrics(text).items()}
 
 
 def wait_idle(url: str) -> tuple[dict, float]:
