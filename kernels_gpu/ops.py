@@ -141,23 +141,33 @@ def rms_norm_heads(x, w, eps: float, out=None):
     return out
 
 
+def _rope_mode(name: str, mode: str) -> None:
+    if mode not in ROPE_MODES:
+        raise ValueError(f"{name}: mode must be one of {sorted(ROPE_MODES)}, found {mode!r}")
+
+
+def _rope_theta(name: str, n_rot: int, hd: int, positions, n_tok: int, freq_base: float) -> np.float32:
+    """A RoPE launch's checks of n_rot and positions (cupy int32 (n_tok,)) -> its theta scale,
+    freq_base^(-2 / n_rot) in float32 (rope_f32, rope_qk_f32 and qk_norm_rope_f32 take the same)."""
+    import cupy  # noqa: PLC0415
+
+    if n_rot % 2 or not 0 < n_rot <= hd:
+        raise ValueError(f"{name}: n_rot must be even and in (0, {hd}], found {n_rot}")
+    if not isinstance(positions, cupy.ndarray) or positions.dtype != cupy.int32 or positions.shape != (n_tok,):
+        raise ValueError(f"{name}: positions must be a cupy int32 array of shape ({n_tok},)")
+    return np.float32(np.power(np.float32(freq_base), np.float32(-2.0) / np.float32(n_rot)))
+
+
 def rope(x, positions, n_rot: int, freq_base: float, freq_scale: float = 1.0, mode: str = "norm"):
     """In place on a contiguous x (n_tok, n_head, head_dim) f32 (copied first if not contiguous); positions:
     cupy int32 (n_tok,). theta_i = p * freq_scale * freq_base^(-2i/n_rot). Returns the rotated array."""
-    import cupy  # noqa: PLC0415
-
-    if mode not in ROPE_MODES:
-        raise ValueError(f"rope: mode must be one of {sorted(ROPE_MODES)}, found {mode!r}")
+    _rope_mode("rope", mode)
     x = _f32("rope", x, 3)
     n_tok, n_head, hd = x.shape
-    if n_rot % 2 or not 0 < n_rot <= hd:
-        raise ValueError(f"rope: n_rot must be even and in (0, {hd}], found {n_rot}")
-    if not isinstance(positions, cupy.ndarray) or positions.dtype != cupy.int32 or positions.shape != (n_tok,):
-        raise ValueError(f"rope: positions must be a cupy int32 array of shape ({n_tok},)")
+    theta_scale = _rope_theta("rope", n_rot, hd, positions, n_tok, freq_base)
     total = n_tok * n_head * (n_rot // 2)
     if total == 0:
         return x
-    theta_scale = np.float32(np.power(np.float32(freq_base), np.float32(-2.0) / np.float32(n_rot)))
     fn = get_kernel("ops", "rope_f32")
     fn(((total + 255) // 256,), (256,), (x, positions, np.int32(n_tok), np.int32(n_head), np.int32(hd),
                                         np.int32(n_rot), theta_scale, np.float32(freq_scale),
@@ -168,22 +178,15 @@ def rope(x, positions, n_rot: int, freq_base: float, freq_scale: float = 1.0, mo
 def rope_qk(q, k, positions, n_rot: int, freq_base: float, freq_scale: float = 1.0, mode: str = "norm"):
     """rope of q (n_tok, n_head, hd) and k (n_tok, n_head_kv, hd) in one launch, in place (contiguous f32; copied
     first if not): equal to rope(q, ...) and rope(k, ...) exactly. Returns (q, k)."""
-    import cupy  # noqa: PLC0415
-
-    if mode not in ROPE_MODES:
-        raise ValueError(f"rope_qk: mode must be one of {sorted(ROPE_MODES)}, found {mode!r}")
+    _rope_mode("rope_qk", mode)
     q, k = _f32("rope_qk", q, 3), _f32("rope_qk", k, 3)
     n_tok, n_head, hd = q.shape
     if k.shape[0] != n_tok or k.shape[2] != hd:
         raise ValueError(f"rope_qk: q {q.shape} and k {k.shape} need one token count and one head_dim")
-    if n_rot % 2 or not 0 < n_rot <= hd:
-        raise ValueError(f"rope_qk: n_rot must be even and in (0, {hd}], found {n_rot}")
-    if not isinstance(positions, cupy.ndarray) or positions.dtype != cupy.int32 or positions.shape != (n_tok,):
-        raise ValueError(f"rope_qk: positions must be a cupy int32 array of shape ({n_tok},)")
+    theta_scale = _rope_theta("rope_qk", n_rot, hd, positions, n_tok, freq_base)
     total = n_tok * (n_head + k.shape[1]) * (n_rot // 2)
     if total == 0:
         return q, k
-    theta_scale = np.float32(np.power(np.float32(freq_base), np.float32(-2.0) / np.float32(n_rot)))
     get_kernel("ops", "rope_qk_f32")(((total + 255) // 256,), (256,), (
         q, k, positions, np.int32(n_tok), np.int32(n_head), np.int32(k.shape[1]), np.int32(hd), np.int32(n_rot),
         theta_scale, np.float32(freq_scale), np.int32(ROPE_MODES[mode])))
@@ -198,26 +201,19 @@ def qk_norm_rope(q, k, wq, wk, eps: float, positions, n_rot: int, freq_base: flo
     """rms_norm_heads of q and k (weights wq, wk (head_dim,) f32) then rope of both, in one launch and in place
     (q (n_tok, n_head, hd), k (n_tok, n_head_kv, hd) contiguous f32; copied first if not): equal to the four calls.
     Returns (q, k)."""
-    import cupy  # noqa: PLC0415
-
-    if mode not in ROPE_MODES:
-        raise ValueError(f"qk_norm_rope: mode must be one of {sorted(ROPE_MODES)}, found {mode!r}")
+    _rope_mode("qk_norm_rope", mode)
     q, k = _f32("qk_norm_rope", q, 3), _f32("qk_norm_rope", k, 3)
     n_tok, n_head, hd = q.shape
     if k.shape[0] != n_tok or k.shape[2] != hd or hd > QKNR_MAX_D:
         raise ValueError(f"qk_norm_rope: q {q.shape} and k {k.shape} need one token count and head_dim <= "
                          f"{QKNR_MAX_D}")
-    if n_rot % 2 or not 0 < n_rot <= hd:
-        raise ValueError(f"qk_norm_rope: n_rot must be even and in (0, {hd}], found {n_rot}")
-    if not isinstance(positions, cupy.ndarray) or positions.dtype != cupy.int32 or positions.shape != (n_tok,):
-        raise ValueError(f"qk_norm_rope: positions must be a cupy int32 array of shape ({n_tok},)")
+    theta_scale = _rope_theta("qk_norm_rope", n_rot, hd, positions, n_tok, freq_base)
     if wq is None or wk is None:
         raise ValueError("qk_norm_rope: needs both norm weights")
     wq, wk = _weight(wq, hd, "qk_norm_rope"), _weight(wk, hd, "qk_norm_rope")
     rows = n_tok * (n_head + k.shape[1])
     if rows == 0:
         return q, k
-    theta_scale = np.float32(np.power(np.float32(freq_base), np.float32(-2.0) / np.float32(n_rot)))
     get_kernel("ops", "qk_norm_rope_f32")(((rows + 7) // 8,), (32, 8), (
         q, k, wq, wk, positions, np.int32(n_tok), np.int32(n_head), np.int32(k.shape[1]), np.int32(hd),
         np.float32(eps), np.int32(n_rot), theta_scale, np.float32(freq_scale), np.int32(ROPE_MODES[mode])))
