@@ -12,6 +12,7 @@ above --step-ms is the server's own, and its /metrics show where the worker spen
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
 from pathlib import Path
@@ -70,8 +71,14 @@ def main() -> int:
     from hybrid.server.running import BackgroundServer  # noqa: PLC0415
     from hybrid.server.state import ServerConfig, ServerState  # noqa: PLC0415
 
-    path = resolve_model(a.model, default_cache_dir())
-    engine, _ = launch(Path(path), EngineParams(n_ctx=a.ctx_size), default_cache_dir(), lambda msg: None)
+    from hybrid.errors import HybridError  # noqa: PLC0415
+
+    try:
+        path = resolve_model(a.model, default_cache_dir())
+        engine, _ = launch(Path(path), EngineParams(n_ctx=a.ctx_size), default_cache_dir(), lambda msg: None)
+    except HybridError as exc:  # a missing or bad model file: one line, as hybrid's commands say it
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     engine.eval_batch = stand_in(engine, a.step_ms, a.per_token_ms)
     state = ServerState(ServerConfig(alias="stand-in", n_parallel=a.parallel))
     state.attach(engine)
