@@ -174,23 +174,30 @@ __device__ __forceinline__ void mmq_q4_k_body(const u8* __restrict__ w, const i8
     mmq_store<NG, RT>(acc, (float*)mmq_smem, warp, lane, sub, wpr, row0, n_out, ntok, y);
 }
 
+#ifndef MMQ_MINB
+#define MMQ_MINB 0  // CTAs an SM must hold of the one-group entries (2-8 tokens): __launch_bounds__' register cap
+                    // (0: none; 1 differs from none, it lets ptxas take more registers)
+#endif
+
 // matvec_mmq_<type>[_g<NG>][_t2]: NG groups of 8 token columns, RT = 2 row tiles a warp where named
-#define MMQ_ENTRY(NAME, BODY, NG, RT)                                                                              \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* __restrict__ w, const i8* __restrict__ pq,    \
-                                                         const float4* __restrict__ pm, float* __restrict__ y,      \
-                                                         int n_out, int n_blocks, int ntok, int wpr) {             \
+#define MMQ_ENTRY(NAME, BODY, NG, RT, MINB)                                                                        \
+    extern "C" __global__ void __launch_bounds__(256, MINB) NAME(const u8* __restrict__ w,                        \
+                                                               const i8* __restrict__ pq,                         \
+                                                               const float4* __restrict__ pm,                     \
+                                                               float* __restrict__ y, int n_out, int n_blocks,    \
+                                                               int ntok, int wpr) {                               \
         BODY<NG, RT>(w, pq, pm, y, n_out, n_blocks, ntok, wpr);                                                    \
     }
 // every entry a type has: 1 (2-8 tokens), 2, 4, 8 column groups, each with 1 or 2 row tiles a warp (matmul.mmq_rt)
 #define MMQ_ENTRIES(TYPE, BODY)                                                                                    \
-    MMQ_ENTRY(matvec_mmq_##TYPE, BODY, 1, 1)                                                                      \
-    MMQ_ENTRY(matvec_mmq_##TYPE##_t2, BODY, 1, 2)                                                                 \
-    MMQ_ENTRY(matvec_mmq_##TYPE##_g2, BODY, 2, 1)                                                                 \
-    MMQ_ENTRY(matvec_mmq_##TYPE##_g4, BODY, 4, 1)                                                                 \
-    MMQ_ENTRY(matvec_mmq_##TYPE##_g8, BODY, 8, 1)                                                                 \
-    MMQ_ENTRY(matvec_mmq_##TYPE##_g2_t2, BODY, 2, 2)                                                              \
-    MMQ_ENTRY(matvec_mmq_##TYPE##_g4_t2, BODY, 4, 2)                                                              \
-    MMQ_ENTRY(matvec_mmq_##TYPE##_g8_t2, BODY, 8, 2)
+    MMQ_ENTRY(matvec_mmq_##TYPE, BODY, 1, 1, MMQ_MINB)                                                            \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_t2, BODY, 1, 2, 0)                                                              \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_g2, BODY, 2, 1, 0)                                                              \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_g4, BODY, 4, 1, 0)                                                              \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_g8, BODY, 8, 1, 0)                                                              \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_g2_t2, BODY, 2, 2, 0)                                                           \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_g4_t2, BODY, 4, 2, 0)                                                           \
+    MMQ_ENTRY(matvec_mmq_##TYPE##_g8_t2, BODY, 8, 2, 0)
 MMQ_ENTRIES(q4_k, mmq_q4_k_body)
 
 // quantize_q8_1's activations of ntok <= T tokens (xq (ntok, n), xm (ntok, n / 32, 4)) in matvec_mmq's layout for

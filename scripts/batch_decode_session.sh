@@ -5,10 +5,12 @@
 #   carry a prompt chunk, eager and through the decode graphs); with STAGES naming it, scripts/gpu_mmq_check.py (the
 #   tensor-core products of MMQ_TOKENS rows, every split); serve (hybrid serve -np 8 loaded by bench_serve.py at
 #   CONC); profile (the same under cProfile at concurrency 8); chunked (bench_chunked.py at each -b of BUDGETS);
-#   step (scripts/gpu_batch_step.py: a decode step of B sequences); ops (scripts/gpu_step_ops.py: its GPU time op by
+#   step (scripts/gpu_batch_step.py: a decode step of B sequences); prefill (scripts/gpu_prefill_batch.py: a wave's
+#   prompts in one step, PREFILL_ARGS); ops (scripts/gpu_step_ops.py: its GPU time op by
 #   op at B = 1 and 8); knock (the same script's --knockout: each kind of op's share of the graph at B = 1 and 8).
 # env: OUT (/tmp/bdec), L8B (/tmp/l8b.gguf), TEST_FILES, TEST_LIMIT (230), STAGES (default tests,q8t,batched,mixed;
-#      more: mmq,serve,profile,chunked,step,ops,knock), CONC (1,8,8), BUDGETS (64,8192)
+#      more: mmq,serve,profile,chunked,step,ops,knock), CONC (1,8,8), BUDGETS (64,8192),
+#      SERVE_VARIANTS (extra flags of each server the serve stage starts, '|' between them: '|-ub 2048' two servers)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/bdec}
@@ -57,12 +59,20 @@ if has mixed; then
   head -n 30 "$OUT/mixed.txt"
 fi
 if has serve; then  # output tokens/s at concurrency 1 and 8, all on the GPU (the issue's goal: 8 >= 5x 1)
-  stamp "hybrid serve -ngl 99 -np 8 -c 16384; bench_serve -c ${CONC:-1,8,8}"
-  if serve_up 8091 "$OUT/serve.log" python3 -m hybrid serve "$L8B" -ngl 99 -np 8 -c 16384 -t 16 --port 8091; then
-    timeout -k 5 200 python3 scripts/bench_serve.py --url http://127.0.0.1:8091 -c "${CONC:-1,8,8}" --requests 16 \
-      --prompt-tokens 256 --max-tokens 128 --prefix-tokens 0 --json "$OUT/serve.json" 2>&1 | tail -n 7
-  fi
-  serve_down TERM
+  IFS='|' read -r -a variants <<< "${SERVE_VARIANTS:-}"  # extra flags of each server in turn ('|' between them)
+  [[ ${#variants[@]} -eq 0 ]] && variants=("")
+  for extra in "${variants[@]}"; do
+    stamp "hybrid serve -ngl 99 -np 8 -c 16384 $extra; bench_serve -c ${CONC:-1,8,8}"
+    if serve_up 8091 "$OUT/serve.log" python3 -m hybrid serve "$L8B" -ngl 99 -np 8 -c 16384 -t 16 $extra --port 8091; then
+      timeout -k 5 200 python3 scripts/bench_serve.py --url http://127.0.0.1:8091 -c "${CONC:-1,8,8}" --requests 16 \
+        --prompt-tokens 256 --max-tokens 128 --prefix-tokens 0 --json "$OUT/serve.json" 2>&1 | tail -n 7
+    fi
+    serve_down TERM
+  done
+fi
+if has prefill; then  # a wave of prompts in one eval_batch: ms, tokens/s, host launching against waiting
+  stamp "scripts/gpu_prefill_batch.py"
+  timeout -k 5 200 python3 scripts/gpu_prefill_batch.py "$L8B" ${PREFILL_ARGS:-} 2>&1 | tee "$OUT/prefill.txt" | head -n 50
 fi
 if has profile; then  # the worker (the CLI's main thread) under cProfile at concurrency 8
   stamp "hybrid serve under cProfile; bench_serve -c 8"

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
 """hybrid serve's host side under load, without a GPU: a real server (HTTP, batched worker, paged scheduler,
 tokenizer, text filters) over MODEL whose Engine.eval_batch is a stand-in that sleeps as a GPU step would (the
-interpreter lock released, as while a CUDA graph runs): --step-ms a step plus --per-token-ms a prompt token beyond
-one a sequence, then hands back either each greedy sequence's id (eval_batch's ids) or logits whose largest value
+interpreter lock released, as while a CUDA graph runs): --step-ms a step plus --per-seq-ms a sequence beyond the first and --per-token-ms a
+prompt token beyond one a sequence, then hands back either each greedy sequence's id (eval_batch's ids) or logits whose largest value
 is a pseudo-random token that ends nothing. Load it with scripts/bench_serve.py --url URL: the time per output token
 above --step-ms is the server's own, and its /metrics show where the worker spends it.
 
-    python3 scripts/serve_stand_in.py [-m smollm2] [-np 8] [--step-ms 6.4] [--per-token-ms 0.1] [--port 8095]
+    python3 scripts/serve_stand_in.py [-m smollm2] [-np 8] [--step-ms 6.4] [--per-token-ms 0.1] [--per-seq-ms 0] [--port 8095]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 
-def stand_in(engine, step_ms: float, per_token_ms: float, seed: int = 0):
+def stand_in(engine, step_ms: float, per_token_ms: float, per_seq_ms: float = 0.0, seed: int = 0):
     """An eval_batch with the real one's contract (blocks reserved, positions advanced, want / ids / beside kept)
     whose computation is a sleep."""
     rng = np.random.default_rng(seed)
@@ -38,7 +38,7 @@ def stand_in(engine, step_ms: float, per_token_ms: float, seed: int = 0):
             n_tok += len(tokens)
         if beside is not None:
             beside()
-        time.sleep((step_ms + per_token_ms * (n_tok - len(seqs))) / 1000)
+        time.sleep((step_ms + per_seq_ms * (len(seqs) - 1) + per_token_ms * (n_tok - len(seqs))) / 1000)
         out = []
         for (tokens, cache), w, i in zip(seqs, want, ids):
             cache.n_past += len(tokens)
@@ -63,6 +63,7 @@ def main() -> int:
     ap.add_argument("-c", "--ctx-size", type=int, default=16384)
     ap.add_argument("--step-ms", type=float, default=6.4, help="a step's sleep (the B = 8 GPU step: ~5-6 ms)")
     ap.add_argument("--per-token-ms", type=float, default=0.1, help="and this much a prompt token beyond the first")
+    ap.add_argument("--per-seq-ms", type=float, default=0.0, help="and this much a sequence beyond the first")
     ap.add_argument("--port", type=int, default=8095)
     a = ap.parse_args()
     from hybrid.engine.launch import launch  # noqa: PLC0415
@@ -79,7 +80,7 @@ def main() -> int:
     except HybridError as exc:  # a missing or bad model file: one line, as hybrid's commands say it
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    engine.eval_batch = stand_in(engine, a.step_ms, a.per_token_ms)
+    engine.eval_batch = stand_in(engine, a.step_ms, a.per_token_ms, a.per_seq_ms)
     state = ServerState(ServerConfig(alias="stand-in", n_parallel=a.parallel))
     state.attach(engine)
     with BackgroundServer(state, "127.0.0.1", a.port) as server:

@@ -377,6 +377,7 @@ class Engine:
         if beside is not None:
             beside()
         out: list[np.ndarray | None] = [None] * len(seqs)
+        lasts: list[tuple[list[int], object, object]] = []  # (sequences, backend, their last hidden rows) a ubatch
         for piece in _ubatches([len(t) for t in toks], self.params.n_ubatch):  # [(seq, first, end)] per ubatch
             caches = [seqs[i][1] for i, _, _ in piece]
             tokens = np.concatenate([toks[i][a:b] for i, a, b in piece])
@@ -386,13 +387,30 @@ class Engine:
             ends = np.cumsum([b - a for _, a, b in piece]) - 1  # each sequence's last row in this ubatch
             rows = [(r, i) for r, (i, _, b) in zip(ends, piece) if b == len(toks[i]) and want[i]]
             if rows:
-                last = where.take_rows(h, np.array([r for r, _ in rows], dtype=np.int64))
-                logits = self._logits(last, where)  # (len(rows), n_vocab)
-                for j, (_, i) in enumerate(rows):
-                    out[i] = logits[j]
+                lasts.append(([i for _, i in rows], where,
+                              where.take_rows(h, np.array([r for r, _ in rows], dtype=np.int64))))
+        for idx, logits in self._lasts_logits(lasts):
+            for j, i in enumerate(idx):
+                out[i] = logits[j]
         for t, (_, cache) in zip(toks, seqs):
             cache.n_past += len(t)
         return [int(np.argmax(o)) if o is not None else None for o in out] if ids_only else out
+
+    def _lasts_logits(self, lasts: list) -> list[tuple[list[int], np.ndarray]]:
+        """The logits of the last hidden rows a step's micro-batches left, [(sequences, (k, n_vocab))]: where one
+        backend holds them all, stacked for one pass of the output layer and one device-to-host copy after the last
+        micro-batch (the host launches each micro-batch while the GPU still runs the one before); else each
+        micro-batch's rows on their own."""
+        if len(lasts) < 2 or len({id(where) for _, where, _ in lasts}) > 1:
+            return [(idx, self._logits(h, where)) for idx, where, h in lasts]
+        where = lasts[0][1]
+        n = sum(len(idx) for idx, _, _ in lasts)
+        stacked = where.zeros((n, lasts[0][2].shape[1]))
+        r = 0
+        for idx, _, h in lasts:  # 0 + 1 * h: each row exactly
+            where.scatter_add(stacked, np.arange(r, r + len(idx)), h, np.ones(len(idx), dtype=np.float32))
+            r += len(idx)
+        return [([i for idx, _, _ in lasts for i in idx], self._logits(stacked, where))]
 
     def _mixed_graph(self, lengths: list[int]) -> bool:
         """Whether a batch of sequences of these lengths, some of several tokens, runs as a decode graph: at most
