@@ -175,8 +175,11 @@ __device__ __forceinline__ void mmq_q4_k_body(const u8* __restrict__ w, const i8
 }
 
 #ifndef MMQ_MINB
-#define MMQ_MINB 0  // CTAs an SM must hold of the one-group entries (2-8 tokens): __launch_bounds__' register cap
-                    // (0: none; 1 differs from none, it lets ptxas take more registers)
+// CTAs of 256 threads an SM must hold of the one-group, one-tile entries (2-8 tokens): __launch_bounds__' cap of
+// 64 registers at 4 (0: no cap; 1 differs from none, ptxas then takes more). 4 against none: Q4_K 14336x4096
+// 19.7 against 20.2 us, 4096x4096 9.0 against 9.8, 4096x14336 22.3 against 24.9, Q6_K 128256x4096 225.5 against
+// 230.4 at 8 tokens; 5 and 6 spill and lose (H200, scripts/gpu_mmq_occupancy.py)
+#define MMQ_MINB 4
 #endif
 
 // matvec_mmq_<type>[_g<NG>][_t2]: NG groups of 8 token columns, RT = 2 row tiles a warp where named

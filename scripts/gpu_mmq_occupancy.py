@@ -1,6 +1,6 @@
 """The tensor-core products of 2-8 tokens (matvec_q8t's "mma" design, one group of 8 token columns) with the
-one-tile entries built for MINB CTAs an SM (MMQ_MINB in matvec_mmq.cu: __launch_bounds__' register cap; 0: none,
-the default), timed on Llama-8B Q4_K_M's matrices: GPU us a call for each MINB.
+one-tile entries built for MINB CTAs an SM (MMQ_MINB in matvec_mmq.cu: __launch_bounds__' register cap; 0: none;
+the default 4), timed on Llama-8B Q4_K_M's matrices: GPU us a call for each MINB.
 
     python3 scripts/gpu_mmq_occupancy.py [--minb 0,4,5,6] [--tokens 4,8]
 
