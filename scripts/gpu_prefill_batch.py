@@ -110,9 +110,12 @@ def main() -> None:
             step(b, n)  # warm-up: compiles, fills the pools
             runs = sorted((step(b, n) for _ in range(a.reps)), key=lambda r: r[0])
             wall, wait, copies = runs[len(runs) // 2]
-            host, gpu = held(b, n, max(300.0, 4000 * wall)) if a.ngl != "0" else (float("nan"), float("nan"))
+            hold = max(300.0, 4000 * wall)
+            host, gpu = held(b, n, hold) if a.ngl != "0" else (float("nan"), float("nan"))
+            # a host that reached the copy only after the spin ended waited inside a launch (a full queue)
+            host_cell = ("-" if host != host else f"{host:.1f}" if host < 0.9 * hold else f"blocked ({host:.0f})")
             print(f"| {ub} | {b} x {n} | {1000 * wall:.1f} | {b * n / wall:.0f} | {1000 * (wall - wait):.1f} | "
-                  f"{1000 * wait:.1f} | {copies} | {host:.1f} | {gpu:.1f} |", flush=True)
+                  f"{1000 * wait:.1f} | {copies} | {host_cell} | {'-' if gpu != gpu else f'{gpu:.1f}'} |", flush=True)
         if i == 0:
             b, n = shapes[-1]
             pr = cProfile.Profile()
