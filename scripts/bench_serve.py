@@ -100,6 +100,7 @@ def prompt_text(i: int, n_tokens: int) -> str:
 
 
 WORKER = ("steps_total", "step_seconds_total", "eval_seconds", "deliver_seconds_total")
+DECODE = ("decode_steps", "decode_eval_seconds")  # a server of this tree's (optional: older ones lack them)
 
 
 def get_text(url: str, path: str) -> tuple[int, str]:
@@ -121,21 +122,25 @@ def worker_counters(url: str) -> dict[str, float]:
     except OSError:
         return {}
     samples = parse_metrics(text) if status == 200 else {}
-    return {k: samples[f"hybrid_worker_{k}"] for k in WORKER if f"hybrid_worker_{k}" in samples}
+    return {k: samples[f"hybrid_worker_{k}"] for k in WORKER + DECODE if f"hybrid_worker_{k}" in samples}
 
 
 def worker_split(before: dict, after: dict, wall_s: float) -> dict | None:
     """ms a step of the worker's steps during a level: in eval_batch, the rest of the step (planning, sampling),
-    delivering the tokens, and the wall time between steps' starts (admission and waiting included)."""
-    if len(before) < len(WORKER) or len(after) < len(WORKER):
+    delivering the tokens, and the wall time between steps' starts (admission and waiting included); and the
+    steps without prompt rows (decode_steps) with their ms in eval_batch."""
+    if any(k not in before or k not in after for k in WORKER):
         return None
-    d = {k: after[k] - before[k] for k in WORKER}
+    d = {k: after[k] - before[k] for k in WORKER + DECODE if k in before and k in after}
     n = d["steps_total"]
     if n <= 0:
         return None
-    return {"steps": int(n), "eval_ms": 1000 * d["eval_seconds"] / n,
-            "step_rest_ms": 1000 * (d["step_seconds_total"] - d["eval_seconds"]) / n,
-            "deliver_ms": 1000 * d["deliver_seconds_total"] / n, "wall_ms": 1000 * wall_s / n}
+    out = {"steps": int(n), "eval_ms": 1000 * d["eval_seconds"] / n,
+           "step_rest_ms": 1000 * (d["step_seconds_total"] - d["eval_seconds"]) / n,
+           "deliver_ms": 1000 * d["deliver_seconds_total"] / n, "wall_ms": 1000 * wall_s / n}
+    if d.get("decode_steps", 0) > 0:
+        out.update(decode_steps=int(d["decode_steps"]), decode_eval_ms=1000 * d["decode_eval_seconds"] / d["decode_steps"])
+    return out
 
 
 def run_level(url: str, concurrency: int, requests: int, prompt_tokens: int, max_tokens: int) -> dict:
@@ -249,7 +254,9 @@ def main() -> int:
         w = s.get("worker")
         if w:
             print(f"worker at concurrency {c}: {w['steps']} steps, ms a step: eval_batch {w['eval_ms']:.2f}, rest of "
-                  f"the step {w['step_rest_ms']:.2f}, delivery {w['deliver_ms']:.2f}, wall {w['wall_ms']:.2f}")
+                  f"the step {w['step_rest_ms']:.2f}, delivery {w['deliver_ms']:.2f}, wall {w['wall_ms']:.2f}"
+                  + (f"; {w['decode_steps']} steps without prompt rows: eval_batch {w['decode_eval_ms']:.2f}"
+                     if "decode_steps" in w else ""))
     if "hybrid_run" in report:
         r = report["hybrid_run"]
         print(f"\nhybrid run, same prompt: prompt {r['prompt_n']} tokens at {r['prompt_per_second']:.1f} t/s "

@@ -42,8 +42,12 @@ def test_worker_split_is_ms_a_step_between_two_readings():
     assert w["steps"] == 100
     assert abs(w["eval_ms"] - 5.0) < 1e-9 and abs(w["step_rest_ms"] - 1.0) < 1e-9
     assert abs(w["deliver_ms"] - 0.5) < 1e-9 and abs(w["wall_ms"] - 8.0) < 1e-9
+    assert "decode_steps" not in w  # a server without the decode-only counters (an older tree)
     assert worker_split({}, after, 0.8) is None  # a server without the counters (llama-server)
     assert worker_split(after, after, 0.8) is None  # no step in between
+    w = worker_split(before | {"decode_steps": 4, "decode_eval_seconds": 0.2},
+                     after | {"decode_steps": 84, "decode_eval_seconds": 0.6}, 0.8)
+    assert w["decode_steps"] == 80 and abs(w["decode_eval_ms"] - 5.0) < 1e-9
 
 
 def test_run_flags_drop_the_servers_own():

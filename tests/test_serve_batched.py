@@ -68,6 +68,10 @@ def test_scheduler_gives_each_sequence_its_solo_greedy_tokens(engine, n_slots, n
     assert got == solo
     assert sched.free_slots == n_slots and sched.busy_cells == 0
     assert all(s.pc.cache.n_past > 0 for s in sched.slots)  # each slot keeps its last tokens for prefix reuse
+    # /metrics' decode-only steps: at least the 31 steps after a lone slot's prompt, never more than all the steps
+    assert 31 <= sched.decode_steps and 0 < sched.decode_seconds < sched.eval_seconds
+    if n_slots == 1:  # each prompt one step (its first token), then a step for each of its next tokens
+        assert sum(len(g) - 1 for g in got) <= sched.decode_steps <= sum(len(g) for g in got)
 
 
 def test_a_shared_prefix_is_copied_from_another_slot_not_evaluated(engine):

@@ -41,6 +41,8 @@ class PagedScheduler:
         self.copied_tokens = 0  # of those, rows copied from a running sequence (a shared prefix's partial block)
         self.evaluated_tokens = 0  # prompt tokens evaluated (recomputed ones included)
         self.eval_seconds = 0.0  # wall time inside Engine.eval_batch
+        self.decode_steps = 0  # steps of sampled tokens alone (no prompt rows), and their time in eval_batch
+        self.decode_seconds = 0.0
         self.preemptions = 0
 
     @property

@@ -114,6 +114,8 @@ class BatchScheduler:
         self.copied_tokens = 0  # of those, copied from another slot's cache
         self.evaluated_tokens = 0  # prompt tokens evaluated
         self.eval_seconds = 0.0  # wall time inside Engine.eval_batch (/metrics: the worker's share of a step)
+        self.decode_steps = 0  # steps of sampled tokens alone (no prompt rows), and their time in eval_batch
+        self.decode_seconds = 0.0
 
     @property
     def free_slots(self) -> int:
@@ -186,8 +188,8 @@ def prefix_in_flight(prompt: list[int], have: int, running: list[Seq]) -> bool:
 def run_step(engine, work: list[tuple[Seq, int]], counters, beside=None) -> list[Event]:
     """One Engine.eval_batch over the sequences' next tokens (n of them each: prompt tokens of `source`, or the
     one sampled token; n = 0: not this step), then each sequence that reached its last row samples -> its Event.
-    counters.evaluated_tokens counts the prompt tokens evaluated, counters.eval_seconds the time in eval_batch;
-    beside goes to eval_batch (host work beside the step's computation)."""
+    counters.evaluated_tokens counts the prompt tokens evaluated, counters.eval_seconds the time in eval_batch
+    (decode_steps and decode_seconds: of the steps without prompt rows); beside goes to eval_batch (host work beside the step's computation)."""
     batch, want, who = [], [], []
     for s, n in work:
         if n == 0:
@@ -208,6 +210,9 @@ def run_step(engine, work: list[tuple[Seq, int]], counters, beside=None) -> list
     logits = engine.eval_batch(batch, want, beside=beside, ids=ids)
     ms = 1000 * (time.perf_counter() - t0)
     counters.eval_seconds += ms / 1000
+    if not any(s.remaining for s in who):
+        counters.decode_steps += 1
+        counters.decode_seconds += ms / 1000
     events = []
     for s, (tokens, _), lg in zip(who, batch, logits):
         if s.remaining:
