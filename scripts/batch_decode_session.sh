@@ -63,7 +63,8 @@ if has serve; then  # output tokens/s at concurrency 1 and 8, all on the GPU (th
   [[ ${#variants[@]} -eq 0 ]] && variants=("")
   for extra in "${variants[@]}"; do
     stamp "hybrid serve -ngl 99 -np 8 -c 16384 $extra; bench_serve -c ${CONC:-1,8,8}"
-    if serve_up 8091 "$OUT/serve.log" python3 -m hybrid serve "$L8B" -ngl 99 -np 8 -c 16384 -t 16 $extra --port 8091; then
+    if serve_up 8091 "$OUT/serve.log" python3 -m hybrid serve "$L8B" -ngl 99 -np 8 -c 16384 -t 16 $extra \
+        --port 8091; then
       timeout -k 5 200 python3 scripts/bench_serve.py --url http://127.0.0.1:8091 -c "${CONC:-1,8,8}" --requests 16 \
         --prompt-tokens 256 --max-tokens 128 --prefix-tokens 0 --json "$OUT/serve.json" 2>&1 | tail -n 7
     fi
@@ -72,7 +73,8 @@ if has serve; then  # output tokens/s at concurrency 1 and 8, all on the GPU (th
 fi
 if has prefill; then  # a wave of prompts in one eval_batch: ms, tokens/s, host launching against waiting
   stamp "scripts/gpu_prefill_batch.py"
-  timeout -k 5 200 python3 scripts/gpu_prefill_batch.py "$L8B" ${PREFILL_ARGS:-} 2>&1 | tee "$OUT/prefill.txt" | head -n 50
+  timeout -k 5 200 python3 scripts/gpu_prefill_batch.py "$L8B" ${PREFILL_ARGS:-} 2>&1 | tee "$OUT/prefill.txt" \
+    | head -n 50
 fi
 if has profile; then  # the worker (the CLI's main thread) under cProfile at concurrency 8
   stamp "hybrid serve under cProfile; bench_serve -c 8"

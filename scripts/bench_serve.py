@@ -139,7 +139,8 @@ def worker_split(before: dict, after: dict, wall_s: float) -> dict | None:
            "step_rest_ms": 1000 * (d["step_seconds_total"] - d["eval_seconds"]) / n,
            "deliver_ms": 1000 * d["deliver_seconds_total"] / n, "wall_ms": 1000 * wall_s / n}
     if d.get("decode_steps", 0) > 0:
-        out.update(decode_steps=int(d["decode_steps"]), decode_eval_ms=1000 * d["decode_eval_seconds"] / d["decode_steps"])
+        out.update(decode_steps=int(d["decode_steps"]),
+                   decode_eval_ms=1000 * d["decode_eval_seconds"] / d["decode_steps"])
     return out
 
 

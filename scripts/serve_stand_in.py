@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """hybrid serve's host side under load, without a GPU: a real server (HTTP, batched worker, paged scheduler,
 tokenizer, text filters) over MODEL whose Engine.eval_batch is a stand-in that sleeps as a GPU step would (the
-interpreter lock released, as while a CUDA graph runs): --step-ms a step plus --per-seq-ms a sequence beyond the first and --per-token-ms a
-prompt token beyond one a sequence, then hands back either each greedy sequence's id (eval_batch's ids) or logits whose largest value
-is a pseudo-random token that ends nothing. Load it with scripts/bench_serve.py --url URL: the time per output token
-above --step-ms is the server's own, and its /metrics show where the worker spends it.
+interpreter lock released, as while a CUDA graph runs): --step-ms a step, plus --per-seq-ms a sequence beyond the
+first and --per-token-ms a prompt token beyond one a sequence, then hands back either each greedy sequence's id
+(eval_batch's ids) or logits whose largest value is a pseudo-random token that ends nothing. Load it with
+scripts/bench_serve.py --url URL: the time per output token above the sleep is the server's own, and its /metrics
+show where the worker spends it. (The stand-in runs eval_batch's `beside` before its sleep; the GPU engine runs it
+once the step is launched.)
 
-    python3 scripts/serve_stand_in.py [-m smollm2] [-np 8] [--step-ms 6.4] [--per-token-ms 0.1] [--per-seq-ms 0] [--port 8095]
+    python3 scripts/serve_stand_in.py [-m smollm2] [-np 8] [--step-ms 6.4] [--per-seq-ms 0] [--per-token-ms 0.1]
+                                      [--port 8095]
 """
 
 from __future__ import annotations

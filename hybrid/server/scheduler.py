@@ -189,7 +189,8 @@ def run_step(engine, work: list[tuple[Seq, int]], counters, beside=None) -> list
     """One Engine.eval_batch over the sequences' next tokens (n of them each: prompt tokens of `source`, or the
     one sampled token; n = 0: not this step), then each sequence that reached its last row samples -> its Event.
     counters.evaluated_tokens counts the prompt tokens evaluated, counters.eval_seconds the time in eval_batch
-    (decode_steps and decode_seconds: of the steps without prompt rows); beside goes to eval_batch (host work beside the step's computation)."""
+    (decode_steps and decode_seconds: of the steps without prompt rows); beside goes to eval_batch (host work
+    beside the step's computation)."""
     batch, want, who = [], [], []
     for s, n in work:
         if n == 0:
