@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from kernels_cpu.q8_0_x8 import BLOCK as _X8_BLOCK, QS as _X8_QS  # an 8-row block's bytes, where its codes start
 
@@ -81,35 +81,51 @@ def _q8_0_x8_row(flat, rb, i, n_blocks, o_row):
                 o_row[j + 4 * c + e] = np.float32(np.int32(flat[o + _X8_QS + 32 * c + 4 * s + e]) - 128) * d
 
 
+PARALLEL_ROWS = 64  # from this many rows (a prompt's embeddings) the rows are decoded on numba's threads; fewer
+# (a decode step's) in the calling thread, with no parallel region to start
+
+
 @njit(cache=True)
 def _decode_rows(code, raw, ids, block_bytes, block_vals, out):
-    n_blocks = out.shape[1] // block_vals
     for r in range(ids.shape[0]):
-        o_row = out[r]
-        if code == 6:
-            _q8_0_x8_row(raw.reshape(raw.size), raw.shape[1], ids[r], n_blocks, o_row)
-            continue
-        row = raw[ids[r]]
-        for blk in range(n_blocks):
-            o, j = blk * block_bytes, blk * block_vals
-            if code == 0:
-                o_row[j] = row[o:o + 4].view(np.float32)[0]
-            elif code == 1:
-                o_row[j] = _h2f(row[o], row[o + 1])
-            elif code == 2:
-                d = _h2f(row[o], row[o + 1])
-                for l in range(32):
-                    v = np.int32(row[o + 2 + l])
-                    o_row[j + l] = np.float32(v - 256 if v > 127 else v) * d
-            elif code == 3:
-                d = _h2f(row[o], row[o + 1])
-                for l in range(16):
-                    o_row[j + l] = np.float32(np.int32(row[o + 2 + l] & 0x0F) - 8) * d
-                    o_row[j + l + 16] = np.float32(np.int32(row[o + 2 + l] >> 4) - 8) * d
-            elif code == 4:
-                _q4_k_block(row, o, o_row, j)
-            else:
-                _q6_k_block(row, o, o_row, j)
+        _decode_row(code, raw, ids, block_bytes, block_vals, out, r)
+
+
+@njit(cache=True, parallel=True)
+def _decode_rows_parallel(code, raw, ids, block_bytes, block_vals, out):
+    for r in prange(ids.shape[0]):
+        _decode_row(code, raw, ids, block_bytes, block_vals, out, r)
+
+
+@njit(cache=True)
+def _decode_row(code, raw, ids, block_bytes, block_vals, out, r):
+    """Row ids[r] of raw, dequantized into out[r]."""
+    n_blocks = out.shape[1] // block_vals
+    o_row = out[r]
+    if code == 6:
+        _q8_0_x8_row(raw.reshape(raw.size), raw.shape[1], ids[r], n_blocks, o_row)
+        return
+    row = raw[ids[r]]
+    for blk in range(n_blocks):
+        o, j = blk * block_bytes, blk * block_vals
+        if code == 0:
+            o_row[j] = row[o:o + 4].view(np.float32)[0]
+        elif code == 1:
+            o_row[j] = _h2f(row[o], row[o + 1])
+        elif code == 2:
+            d = _h2f(row[o], row[o + 1])
+            for l in range(32):
+                v = np.int32(row[o + 2 + l])
+                o_row[j + l] = np.float32(v - 256 if v > 127 else v) * d
+        elif code == 3:
+            d = _h2f(row[o], row[o + 1])
+            for l in range(16):
+                o_row[j + l] = np.float32(np.int32(row[o + 2 + l] & 0x0F) - 8) * d
+                o_row[j + l + 16] = np.float32(np.int32(row[o + 2 + l] >> 4) - 8) * d
+        elif code == 4:
+            _q4_k_block(row, o, o_row, j)
+        else:
+            _q6_k_block(row, o, o_row, j)
 
 
 def get_rows(raw: np.ndarray, type_name: str, ids: np.ndarray) -> np.ndarray | None:
@@ -126,5 +142,6 @@ def get_rows(raw: np.ndarray, type_name: str, ids: np.ndarray) -> np.ndarray | N
     out = np.empty((ids.shape[0], n_cols), dtype=np.float32)
     raw = raw.view(np.ndarray)  # read-only, as the file's mapping: one compiled signature for a repacked copy too
     raw.flags.writeable = False
-    _decode_rows(code, raw, ids, block_bytes, block_vals, out)
+    decode = _decode_rows_parallel if ids.shape[0] >= PARALLEL_ROWS else _decode_rows
+    decode(code, raw, ids, block_bytes, block_vals, out)
     return out

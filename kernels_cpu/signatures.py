@@ -154,8 +154,10 @@ def _kernels() -> tuple[Kernel, ...]:
         *(Kernel("kernels_cpu.get_rows", n, (RAW_1, I64, F32_1, I64), ("get_rows._h2f",))
           for n in ("_q4_k_block", "_q6_k_block")),
         Kernel("kernels_cpu.get_rows", "_q8_0_x8_row", (RAW_1, I64, I64, I64, F32_1), ("get_rows._h2f",)),
-        Kernel("kernels_cpu.get_rows", "_decode_rows", (I64, RAW_2, I64_1, I64, I64, F32_2),
+        Kernel("kernels_cpu.get_rows", "_decode_row", (I64, RAW_2, I64_1, I64, I64, F32_2, I64),
                ("get_rows._h2f", "get_rows._q4_k_block", "get_rows._q6_k_block", "get_rows._q8_0_x8_row")),
+        *(Kernel("kernels_cpu.get_rows", n, (I64, RAW_2, I64_1, I64, I64, F32_2), ("get_rows._decode_row",))
+          for n in ("_decode_rows", "_decode_rows_parallel")),
         # the 8-row interleaved layouts made at load (hybrid/backends/repack.py)
         Kernel("kernels_cpu.legacy_x8", "_repack_groups", (RAW_1, I64, BOOL, U8_1)),
         Kernel("kernels_cpu.q8_0_x8", "_repack_groups", (RAW_1, I64, U8_1)),
@@ -186,7 +188,7 @@ FUSED_FFN = "fused_layer.ffn_half"
 INT_DOTS = {"Q8_0": ("act_quant.quantize_q8_1_rows", "vec_dot_legacy.matmul_q8_0_act"),  # by vec_dot_type
             "Q8_K": ("act_quant.quantize_q8_k_rows", "vec_dot_k.matmul_q8_k_act")}
 RMS_NORM = "norm.rms_norm_rows"
-GET_ROWS = "get_rows._decode_rows"
+GET_ROWS = ("get_rows._decode_rows", "get_rows._decode_rows_parallel")  # a few rows; a prompt's, on the threads
 ROPE_TABLES = "rope._rope_tables"
 TOP_K = "topk.top_k_ids"
 REPACK = {"Q4_0": "legacy_x8._repack_groups", "Q5_0": "legacy_x8._repack_groups", "Q8_0": "q8_0_x8._repack_groups",

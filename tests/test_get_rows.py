@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType
 
 from gguf_io import quant_spec
 from kernels_cpu import q8_0_x8
-from kernels_cpu.get_rows import TYPES, get_rows
+from kernels_cpu.get_rows import PARALLEL_ROWS, TYPES, get_rows
 
 
 def _raw(type_name: str, n_rows: int, n_cols: int, rng) -> np.ndarray:
@@ -40,6 +40,21 @@ def test_get_rows_is_the_reference_bit_for_bit(type_name):
     np.testing.assert_array_equal(got, ref)
     independent = gguf_dequantize(raw[ids], GGMLQuantizationType[type_name]).astype(np.float32)
     np.testing.assert_array_equal(got, independent)
+
+
+@pytest.mark.parametrize("type_name", sorted(t for t in TYPES if not t.endswith("_X8")) + ["Q8_0_X8"])
+def test_a_prompts_rows_decoded_on_threads_are_the_same(type_name):
+    """From PARALLEL_ROWS rows the lookup runs on numba's threads: the same values as row by row."""
+    rng = np.random.default_rng(7)
+    plain = _raw("Q8_0" if type_name == "Q8_0_X8" else type_name, 48, 256, rng)
+    raw = q8_0_x8.repack(plain) if type_name == "Q8_0_X8" else plain
+    ids = rng.integers(0, 48, PARALLEL_ROWS + 37)
+    got = get_rows(raw, type_name, ids)
+    assert got.shape == (ids.size, 256)
+    each = np.concatenate([get_rows(raw, type_name, ids[i:i + 1]) for i in range(ids.size)])  # one row a call
+    np.testing.assert_array_equal(got, each)
+    ref = quant_spec("Q8_0" if type_name == "Q8_0_X8" else type_name).dequantize(plain[ids])
+    np.testing.assert_array_equal(got, ref)
 
 
 def test_get_rows_reads_q8_0_rows_interleaved_by_8():

@@ -42,7 +42,7 @@ def cpu_kernel_keys(spec: ArchSpec, layers: Iterable[dict[str, Weight]], output:
     Sorted keys of kernels_cpu.signatures.KERNELS."""
     keys: set[str] = {sig.TOP_K}  # the sampler's, whatever runs the layers
     if embedding is not None and embedding.type_name in get_rows.TYPES:
-        keys.add(sig.GET_ROWS)
+        keys.update(sig.GET_ROWS)
     matrices: list[Weight] = []
     for lw in layers:
         keys.add(sig.ROPE_TABLES)
