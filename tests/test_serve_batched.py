@@ -142,6 +142,10 @@ def test_concurrent_greedy_requests_match_one_slot(engine, batched):
     assert m["hybrid_slots_total"] == 4
     assert m["hybrid_slots_busy"] == 0 and m["hybrid_requests_processing"] == 0
     assert m["hybrid_kv_cache_busy_cells"] == 0 and m["hybrid_requests_deferred"] == 0
+    # the worker's time, idle between steps: eval_batch's share within the steps', the decode-only steps within it
+    assert 0 < m["hybrid_worker_eval_seconds"] <= m["hybrid_worker_step_seconds_total"]
+    assert 0 < m["hybrid_worker_decode_eval_seconds"] < m["hybrid_worker_eval_seconds"]
+    assert 0 < m["hybrid_worker_decode_steps"] < m["hybrid_worker_steps_total"]
 
 
 def test_a_client_that_leaves_frees_its_slot(batched):

@@ -78,6 +78,8 @@ def _serve(state, sched: BatchScheduler, stop: threading.Event, poll_s: float, o
         m.worker_steps += 1
         m.worker_step_seconds += t1 - t0
         m.worker_deliver_seconds += time.perf_counter() - t1
+        m.worker_eval_seconds = sched.eval_seconds
+        m.worker_decode_steps, m.worker_decode_seconds = sched.decode_steps, sched.decode_seconds
 
 
 def _admit(state, sched: BatchScheduler, job: Job, jobs: dict, outbox: Outbox) -> None:

@@ -25,6 +25,11 @@ class Metrics:
     worker_steps: int = 0
     worker_step_seconds: float = 0.0
     worker_deliver_seconds: float = 0.0
+    # the scheduler's eval_batch time and its decode-only steps, copied with the step's own counters once a step is
+    # done (read from the scheduler mid-step, they ran ahead of worker_step_seconds by that step)
+    worker_eval_seconds: float = 0.0
+    worker_decode_steps: int = 0
+    worker_decode_seconds: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def add(self, **deltas) -> None:

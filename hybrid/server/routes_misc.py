@@ -99,9 +99,11 @@ async def metrics(request: Request):
         gauges["prompt_tokens_reused"] = (sched.reused_tokens, "Prompt tokens taken from a cache, not evaluated.")
         gauges["prompt_tokens_copied"] = (sched.copied_tokens, "Of those, K/V rows copied from another slot.")
         gauges["prompt_tokens_evaluated"] = (sched.evaluated_tokens, "Prompt tokens evaluated by the slots.")
-        gauges["worker_eval_seconds"] = (sched.eval_seconds, "Wall time of the steps inside the engine's eval_batch.")
-        gauges["worker_decode_steps"] = (sched.decode_steps, "Steps of sampled tokens alone (no prompt rows).")
-        gauges["worker_decode_eval_seconds"] = (sched.decode_seconds, "Their wall time inside eval_batch.")
+        m = state.metrics  # the worker's copies, made with worker_step_seconds (a reading between steps agrees)
+        gauges["worker_eval_seconds"] = (m.worker_eval_seconds,
+                                         "Wall time of the steps inside the engine's eval_batch.")
+        gauges["worker_decode_steps"] = (m.worker_decode_steps, "Steps of sampled tokens alone (no prompt rows).")
+        gauges["worker_decode_eval_seconds"] = (m.worker_decode_seconds, "Their wall time inside eval_batch.")
     kv = getattr(sched, "kv", None)
     if kv is not None:  # the paged cache (server/paged_scheduler.py): its blocks and the radix prefix cache
         r = sched.radix
