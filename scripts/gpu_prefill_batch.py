@@ -72,14 +72,17 @@ def main() -> None:
         kv = PagedKV(e.config, e.backends, max(b for b, _ in shapes) * cap // 64 + 16, 64, e.params.type_k,
                      e.params.type_v)
 
+        def wave(b: int, n: int) -> list:
+            """b fresh paged sequences of the pool, each with n random prompt tokens: eval_batch's argument."""
+            return [(rng.integers(3, e.config.n_vocab, n), kv.sequence(cap)) for _ in range(b)]
+
         def step(b: int, n: int) -> tuple[float, float, int]:
-            seqs = [kv.sequence(cap) for _ in range(b)]
-            batch = [(rng.integers(3, e.config.n_vocab, n), s) for s in seqs]
+            batch = wave(b, n)
             waited[:] = [0.0, 0]
             t0 = time.perf_counter()
             e.eval_batch(batch)
             wall = time.perf_counter() - t0
-            for s in seqs:
+            for _, s in batch:
                 s.release()
             return wall, waited[0], waited[1]
 
@@ -89,8 +92,7 @@ def main() -> None:
             end of the spin to that copy), both of the first micro-batch that ends a prompt."""
             import cupy  # noqa: PLC0415
 
-            seqs = [kv.sequence(cap) for _ in range(b)]
-            batch = [(rng.integers(3, e.config.n_vocab, n), s) for s in seqs]
+            batch = wave(b, n)
             spin = cupy.RawKernel(SPIN, "spin")
             spin((1,), (1,), (np.uint64(hold_ms * 1e6),))
             e0 = cupy.cuda.Event()
@@ -102,7 +104,7 @@ def main() -> None:
             host = 1000 * (first["t"] - t0)
             gpu = cupy.cuda.get_elapsed_time(e0, first["ev"])
             first.clear()
-            for s in seqs:
+            for _, s in batch:
                 s.release()
             return host, gpu
 
