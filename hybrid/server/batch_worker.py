@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from hybrid.errors import HybridError
+from hybrid.server.arrivals import Arrivals, near_end
 from hybrid.server.runner import Output, close_job, logprob_entry
 from hybrid.server.scheduler import BatchScheduler, Event, Request, Seq
 from hybrid.server.slot import Failure, Job, Outbox
@@ -26,16 +27,21 @@ class Running:
 
 def serve_batched(state, sched: BatchScheduler, stop: threading.Event, poll_s: float = 0.2) -> None:
     """Run jobs from state.slots through `sched` until `stop` is set. The running jobs' events wait in an Outbox
-    and go to the clients' loop once a step, while the next step computes (Engine.eval_batch's `beside`)."""
-    outbox = Outbox()
+    and go to the clients' loop once a step, while the next step computes (Engine.eval_batch's `beside`); arrivals
+    expected to come in a wave are gathered for it (arrivals.py)."""
+    outbox, arrivals = Outbox(), Arrivals()
     try:
-        _serve(state, sched, stop, poll_s, outbox)
+        _serve(state, sched, stop, poll_s, outbox, arrivals)
     finally:
         outbox.flush()
         state.slots.running = 0
+        for job in arrivals.release(len(arrivals.gathered)):  # taken from the queue, never admitted
+            job.post(Failure("the server is stopping"))
+            job.finished.set()
 
 
-def _serve(state, sched: BatchScheduler, stop: threading.Event, poll_s: float, outbox: Outbox) -> None:
+def _serve(state, sched: BatchScheduler, stop: threading.Event, poll_s: float, outbox: Outbox,
+           arrivals: Arrivals) -> None:
     jobs: dict[int, Running] = {}  # id(seq) -> its job
     held: list[Job] = []  # jobs waiting for a running prompt's shared prefix (BatchScheduler.waits_for_prefix)
     while not stop.is_set():
@@ -45,14 +51,20 @@ def _serve(state, sched: BatchScheduler, stop: threading.Event, poll_s: float, o
             if job.cancel.is_set() or not sched.waits_for_prefix(job.prompt_ids):
                 held.remove(job)
                 _admit(state, sched, job, jobs, outbox)
-        while sched.free_slots:  # admit what waits; block briefly only when nothing runs
-            job = state.slots.take(0 if jobs or held else poll_s)
+        near = sum(near_end(r.seq) for r in jobs.values())
+        while len(arrivals.gathered) < sched.free_slots:  # take what waits; block only when nothing runs
+            idle = not (jobs or held)
+            wait = arrivals.wait_s(sched.free_slots, near)
+            job = state.slots.take(0 if not idle else wait if arrivals.gathered else poll_s)
             if job is None:
                 break
-            if job.req.cache_prompt and sched.waits_for_prefix(job.prompt_ids):
-                held.append(job)
-                continue
-            _admit(state, sched, job, jobs, outbox)
+            arrivals.gather(job)
+        if arrivals.wait_s(sched.free_slots, near) == 0:
+            for job in arrivals.release(sched.free_slots):
+                if job.req.cache_prompt and sched.waits_for_prefix(job.prompt_ids):
+                    held.append(job)
+                    continue
+                _admit(state, sched, job, jobs, outbox)
         state.slots.running = len(jobs)
         for key in [k for k, r in jobs.items() if r.job.cancel.is_set()]:  # clients gone: free their slots
             sched.release(jobs[key].seq)
@@ -70,8 +82,11 @@ def _serve(state, sched: BatchScheduler, stop: threading.Event, poll_s: float, o
         finally:
             outbox.flush()  # a step that launched nothing did not flush
         t1 = time.perf_counter()
+        n_jobs = len(jobs)
         for ev in events:
             _deliver(state, sched, jobs, ev)
+        for _ in range(n_jobs - len(jobs)):  # replies that ended: their clients may come back soon
+            arrivals.reply_ended()
         if not jobs:  # no next step to flush them beside (the admissions may block for poll_s)
             outbox.flush()
         m = state.metrics  # written by this thread alone: no lock
