@@ -550,6 +550,37 @@ def _mma_route(type_name: str, n_out: int, n_tok: int, q8: bool | None, wpr: int
     return w if kernel == "mma" else None
 
 
+MMQ_MULTI = True  # matmul_many of 2-8 tokens: its Q4_K weights in one tensor-core launch (matvec_mmq_q4_k_m) where
+# one of them takes the tensor cores; False: a launch each (q on the tensor cores, k and v on dp4a)
+MMQ_MULTI_TYPE = "Q4_K"
+
+
+def _mmq_multi(type_names, q8t: list[int], mma: dict) -> list[int]:
+    """The weights of a 2-8 token matmul_many that share one launch of matvec_mmq_q4_k_m: every Q4_K weight on the
+    8-bit path, when one of them takes the tensor cores with the default 16-row tiles, 8 warps a tile (the smaller
+    ones, which alone would take dp4a, ride along) and there are two or more."""
+    multi = [i for i in q8t if type_names[i] == MMQ_MULTI_TYPE]
+    lead = [i for i in multi if mma.get(i) == MMQ_WPR]
+    return multi if lead and len(multi) >= 2 else []
+
+
+def _mmq_multi_launch(ws, packed: tuple, ys, n_in: int, n_tok: int) -> None:
+    """ys[i] = x W_i^T for 1..Q8_MANY Q4_K weights of one n_in on the packed activations of n_tok (2-8) tokens, one
+    launch (16-row tiles, MMQ_WPR warps a tile): each matrix's rows get the sums matvec_mmq_q4_k gives it alone."""
+    k = GPU_KERNELS[MMQ_MULTI_TYPE]
+    n_blocks = n_in // k.block_size
+    n_outs = [int(w.shape[0]) for w in ws]
+    ctas = [-(-(-(-n // 16)) // (MV_WARPS // MMQ_WPR)) for n in n_outs]
+    pad = Q8_MANY - len(ws)  # unused slots repeat matrix 0 and get no CTA
+    ws, ys, n_outs, ctas = list(ws) + [ws[0]] * pad, list(ys) + [ys[0]] * pad, n_outs + [0] * pad, ctas + [0] * pad
+    c1, c2 = ctas[0], ctas[0] + ctas[1]
+    smem = MV_WARPS * 4 * 32 * 4  # the row tiles' sums (mmq_store)
+    i32 = np.int32
+    get_kernel("matvec_q8", "matvec_mmq_q4_k_m")((c2 + ctas[2],), (256,), (
+        *ws, *ys, *map(i32, n_outs), i32(c1), i32(c2), *packed, i32(n_blocks), i32(n_tok), i32(MMQ_WPR)),
+        shared_mem=smem)
+
+
 def _q8_launch(ws, type_name: str, xq, xm, ys, wpr, rpw, kernel: str | None) -> None:
     """ys[i] = W_i x for 1..Q8_MANY checked weights of type_name (one n_in) in one launch."""
     k = GPU_KERNELS[type_name]
@@ -648,11 +679,21 @@ def matmul_many(ws_raw, type_names, x, q8: bool | None = None, q8_act: tuple | N
     else:
         q8t = [i for i, t in enumerate(type_names) if n_outs[i] and uses_q8t(t, n_tok, q8)]
         mma = {i: w for i in q8t if (w := _mma_route(type_names[i], n_outs[i], n_tok, q8, None))}
+        multi = _mmq_multi(type_names, q8t, mma) if MMQ_MULTI and wpr is None else []
+        for i in multi:  # k and v ride in the launch of the q beside them
+            mma[i] = MMQ_WPR
         if q8_act is None and len(q8t) > len(mma):
             q8_act = quantize_q8_1(x2)  # once for every weight of the 8-bit several-token matvec
         if mma:  # the tensor-core weights share one packing (made with the quantization when none needs xq, xm)
             packed = quantize_q8_mma(x2) if q8_act is None else _q8_mma_pack(*q8_act)
+            for s in range(0, len(multi), Q8_MANY):
+                part = multi[s:s + Q8_MANY]
+                for i in part:
+                    ys[i] = cupy.empty((n_tok, n_outs[i]), dtype=cupy.float32)
+                _mmq_multi_launch([ws_raw[i] for i in part], packed, [ys[i] for i in part], n_in, n_tok)
             for i, w in mma.items():
+                if ys[i] is not None:
+                    continue
                 ys[i] = cupy.empty((n_tok, n_outs[i]), dtype=cupy.float32)
                 _mmq_launch(ws_raw[i], ks[i], packed, ys[i], n_outs[i], n_in, n_tok, w,
                             q8t_rt(type_names[i], n_outs[i]))

@@ -95,12 +95,12 @@ __device__ __forceinline__ void mmq_store(float (&acc)[RT][NG][4], float* red, i
 template <int NG, int RT>
 __device__ __forceinline__ void mmq_q4_k_body(const u8* __restrict__ w, const i8* __restrict__ pq,
                                               const float4* __restrict__ pm, float* __restrict__ y, int n_out,
-                                              int n_blocks, int ntok, int wpr) {
+                                              int n_blocks, int ntok, int wpr, int cta) {
     constexpr int T = 8 * NG;
     extern __shared__ __align__(16) u8 mmq_smem[];  // the row tile's sums (wpr > 1): mmq_store's `red`
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int row0 = (blockIdx.x * (MMQ_WARPS / wpr) + warp / wpr) * 16 * RT;
+    const int row0 = (cta * (MMQ_WARPS / wpr) + warp / wpr) * 16 * RT;  // cta: this CTA's index within the matrix
     const int sub = warp % wpr;
     const size_t row_bytes = (size_t)n_blocks * 144;
     // tile r, group q: (row g, token 8q + 2t), (g, 8q + 2t + 1), (g + 8, 8q + 2t), (g + 8, 8q + 2t + 1)
@@ -189,7 +189,7 @@ __device__ __forceinline__ void mmq_q4_k_body(const u8* __restrict__ w, const i8
                                                                const float4* __restrict__ pm,                     \
                                                                float* __restrict__ y, int n_out, int n_blocks,    \
                                                                int ntok, int wpr) {                               \
-        BODY<NG, RT>(w, pq, pm, y, n_out, n_blocks, ntok, wpr);                                                    \
+        BODY<NG, RT>(w, pq, pm, y, n_out, n_blocks, ntok, wpr, blockIdx.x);                                        \
     }
 // every entry a type has: 1 (2-8 tokens), 2, 4, 8 column groups, each with 1 or 2 row tiles a warp (matmul.mmq_rt)
 #define MMQ_ENTRIES(TYPE, BODY)                                                                                    \
@@ -202,6 +202,20 @@ __device__ __forceinline__ void mmq_q4_k_body(const u8* __restrict__ w, const i8
     MMQ_ENTRY(matvec_mmq_##TYPE##_g4_t2, BODY, 4, 2, 0)                                                           \
     MMQ_ENTRY(matvec_mmq_##TYPE##_g8_t2, BODY, 8, 2, 0)
 MMQ_ENTRIES(q4_k, mmq_q4_k_body)
+
+// Up to three Q4_K matrices of one n_in times the same 2-8 tokens in one launch (q, k, v; gate, up): CTAs [0, c1)
+// compute the first, [c1, c2) the second, [c2, grid) the third, each as matvec_mmq_q4_k's grid of that matrix alone
+// would (the same sums, bit for bit). One launch fills the SMs where the small matrices (k and v: 64 CTAs each)
+// alone would leave most of them idle, and a layer's products pay one launch's ramp instead of three.
+extern "C" __global__ void __launch_bounds__(256, MMQ_MINB) matvec_mmq_q4_k_m(
+    const u8* __restrict__ w0, const u8* __restrict__ w1, const u8* __restrict__ w2, float* y0, float* y1, float* y2,
+    int n0, int n1, int n2, int c1, int c2, const i8* __restrict__ pq, const float4* __restrict__ pm, int n_blocks,
+    int ntok, int wpr) {
+    const int b = blockIdx.x;
+    const int m = b < c1 ? 0 : b < c2 ? 1 : 2;
+    mmq_q4_k_body<1, 1>(m == 0 ? w0 : m == 1 ? w1 : w2, pq, pm, m == 0 ? y0 : m == 1 ? y1 : y2,
+                        m == 0 ? n0 : m == 1 ? n1 : n2, n_blocks, ntok, wpr, b - (m == 0 ? 0 : m == 1 ? c1 : c2));
+}
 
 // quantize_q8_1's activations of ntok <= T tokens (xq (ntok, n), xm (ntok, n / 32, 4)) in matvec_mmq's layout for
 // T token columns (T = 8 NG): pq (n / 32, T, 32) int8 (token-major within a q8 block) and pm (n / 32, T, 2) float32 =

@@ -68,12 +68,12 @@ struct Q6Tile {
 template <int NG, int RT>
 __device__ __forceinline__ void mmq_q6_k_body(const u8* __restrict__ w, const i8* __restrict__ pq,
                                               const float4* __restrict__ pm, float* __restrict__ y, int n_out,
-                                              int n_blocks, int ntok, int wpr) {
+                                              int n_blocks, int ntok, int wpr, int cta) {
     constexpr int T = 8 * NG, SLOTS = 16 * RT;  // a stage holds the warp's 16 RT rows of one block
     extern __shared__ __align__(16) u8 mmq_smem[];  // MMQ_WARPS x MMQ6_STAGES x SLOTS x 240 bytes
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int row0 = (blockIdx.x * (MMQ_WARPS / wpr) + warp / wpr) * 16 * RT;
+    const int row0 = (cta * (MMQ_WARPS / wpr) + warp / wpr) * 16 * RT;  // cta: this CTA's index (blockIdx.x)
     const int sub = warp % wpr;
     const size_t row_bytes = (size_t)n_blocks * 210;
     u8* stage = mmq_smem + (size_t)warp * MMQ6_STAGES * SLOTS * MMQ6_SLOT;

@@ -4,7 +4,10 @@ decode graphs of `hybrid serve -np N`) at each B, with the logits and with the g
 (eval_batch's ids), how its graphs ran, and the matvec of one layer's matrices at B
 tokens (the float-activation kernels of 2-8 tokens against the 8-bit one-token kernel).
 
-    python3 scripts/gpu_batch_step.py MODEL [-b 1,2,4,8] [--depth 64] [--steps 30]
+    python3 scripts/gpu_batch_step.py MODEL [-b 1,2,4,8] [--depth 64] [--steps 30] [--multi 1,0]
+
+--multi 1,0: each batch size with matmul_many's Q4_K weights in one tensor-core launch (kernels_gpu.matmul.MMQ_MULTI)
+and then a launch each, the graphs captured again for each.
 """
 
 from __future__ import annotations
@@ -46,8 +49,11 @@ def main() -> None:
     ap.add_argument("-b", "--batch", default="1,2,4,8")
     ap.add_argument("--depth", type=int, default=64)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--multi", default="", help="MMQ_MULTI values to measure in turn (1,0), default as it is")
     a = ap.parse_args()
     import cupy  # noqa: PLC0415
+
+    import kernels_gpu.matmul as km  # noqa: PLC0415
 
     from hybrid.engine import Engine, EngineParams  # noqa: PLC0415
     from kernels_gpu.matmul import gpu_kernel, matmul  # noqa: PLC0415
@@ -55,12 +61,17 @@ def main() -> None:
     e = Engine.load(a.model, EngineParams(n_ctx=8192, n_gpu_layers="all"))
     gpu = next(be for be in e.backends if be.name == "gpu")
     rng = np.random.default_rng(0)
+    multis = [bool(int(v)) for v in a.multi.split(",")] if a.multi else [km.MMQ_MULTI]
     for b in (int(x) for x in a.batch.split(",")):
         _, step = decode_batch(e, b, a.depth, 1024 - a.depth, rng)
-        ms = step_ms(step, a.steps)
-        ms_ids = step_ms(lambda: step(ids=True), a.steps)
-        print(f"B={b}: {ms:.2f} ms a step, {b * 1000 / ms:.1f} tokens/s; {ms_ids:.2f} ms with the greedy ids "
-              f"alone crossing back ({b * 1000 / ms_ids:.1f} tokens/s)")
+        for multi in multis:
+            km.MMQ_MULTI = multi
+            gpu._graphs = None  # captured again with this setting
+            ms = step_ms(step, a.steps)
+            ms_ids = step_ms(lambda: step(ids=True), a.steps)
+            tag = f" (MMQ_MULTI {int(multi)})" if a.multi else ""
+            print(f"B={b}{tag}: {ms:.2f} ms a step, {b * 1000 / ms:.1f} tokens/s; {ms_ids:.2f} ms with the greedy "
+                  f"ids alone crossing back ({b * 1000 / ms_ids:.1f} tokens/s)")
     print(gpu.graph_report())
     lw = e.weights.layers[0]
     for name in ("attn_q", "ffn_up", "ffn_down"):

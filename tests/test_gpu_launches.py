@@ -1,6 +1,6 @@
 """Fewer launches a decode step of several rows, each the same bytes as the launches it replaces: quantize_q8_mma
 (quantize_q8_1 and q8_mma_pack in one), rope_qk (rope of q and of k in one), matmul_many's one packing for every
-tensor-core weight of 2-8 rows, and GpuBackend's 8-bit copies of norms and attention outputs for several rows.
+tensor-core weight of 2-8 rows and one launch for its Q4_K weights, and GpuBackend's 8-bit copies of norms and attention outputs for several rows.
 
 Every test needs a CUDA device through CuPy (marked `gpu`, skipped elsewhere by conftest.py).
 """
@@ -56,34 +56,44 @@ def test_rope_qk_is_two_ropes(mode, hd, n_rot, n_head, n_head_kv):
     assert not np.array_equal(gq.get(), q)  # it rotated something
 
 
-# q/k/v of Llama-8B's shape (q on the tensor cores from 5 rows, k and v on dp4a), gate/up (all tensor cores)
-SETS = [(("Q4_K", "Q4_K", "Q6_K"), (4096, 1024, 1024), 4096), (("Q4_K", "Q4_K"), (14336, 14336), 4096)]
+# q/k/v of Llama-8B's shape (v Q6_K, or Q4_K as in half of a Q4_K_M file's layers), gate/up
+SETS = [(("Q4_K", "Q4_K", "Q6_K"), (4096, 1024, 1024), 4096), (("Q4_K", "Q4_K", "Q4_K"), (4096, 1024, 1024), 4096),
+        (("Q4_K", "Q4_K"), (14336, 14336), 4096)]
 
 
 @pytest.mark.parametrize("case", range(len(SETS)))
 @pytest.mark.parametrize("n_tok", [2, 4, 5, 8])
 @pytest.mark.parametrize("given", [False, True])
-def test_matmul_many_packs_once_and_matches_each_product(case, n_tok, given):
+@pytest.mark.parametrize("multi", [True, False])
+def test_matmul_many_packs_once_and_matches_each_product(case, n_tok, given, multi, monkeypatch):
     """matmul_many of 2-8 rows (one quantization, one packing) gives, bit for bit, what each weight's own matvec_q8t
-    gives on quantize_q8_1's activations (the route before the shared packing), with and without q8_act."""
+    gives on quantize_q8_1's activations (the route before the shared packing), with and without q8_act. With
+    MMQ_MULTI, where a Q4_K weight takes the tensor cores every Q4_K weight shares its launch (matvec_mmq_q4_k_m),
+    the smaller ones too: each then equals its own tensor-core product (matvec_q8t's kernel "mma")."""
+    monkeypatch.setattr(km, "MMQ_MULTI", multi)
     types, n_outs, n_in = SETS[case]
     rng = np.random.default_rng(17 * n_tok + case)
     raws = [cupy.asarray(random_weight(t, n, n_in, rng)) for t, n in zip(types, n_outs)]
     x = cupy.asarray(rng.standard_normal((n_tok, n_in)).astype(np.float32))
     xq, xm = quantize_q8_1(x)
     ys = matmul_many(raws, list(types), x, q8_act=(xq, xm) if given else None)
-    kernels = []
-    for y, raw, t, n in zip(ys, raws, types, n_outs):
+    kernels = [q8t_config(t, n, n_tok)[0] for t, n in zip(types, n_outs)]
+    lead = any(k == "mma" and t == "Q4_K" for k, t in zip(kernels, types))
+    shared = multi and lead and types.count("Q4_K") >= 2
+    for y, raw, t, n, kern in zip(ys, raws, types, n_outs, kernels):
+        rides = shared and t == "Q4_K" and kern != "mma"
         want = cupy.empty((n_tok, n), dtype=cupy.float32)
-        matvec_q8t(raw, t, xq, xm, want)
+        matvec_q8t(raw, t, xq, xm, want, kernel="mma" if rides else None)
         np.testing.assert_array_equal(y.get(), want.get())
-        alone = matmul(raw, t, x)  # its own quantization (with the packing where it takes the tensor cores)
-        np.testing.assert_array_equal(alone.get(), want.get())
-        kernels.append(q8t_config(t, n, n_tok)[0])
+        if not rides:
+            alone = matmul(raw, t, x)  # its own quantization (with the packing where it takes the tensor cores)
+            np.testing.assert_array_equal(alone.get(), want.get())
+        ref = ref_matmul(raw.get(), t, x.get())
+        assert nmse(y.get(), ref) < NMSE_MATVEC_Q8
     if n_tok >= 5:
         assert "mma" in kernels  # the shared packing was exercised
-    ref = ref_matmul(raws[0].get(), types[0], x.get())
-    assert nmse(ys[0].get(), ref) < NMSE_MATVEC_Q8
+    if shared and case < 2:
+        assert kernels[1] == "dp4a"  # k rode in q's tensor-core launch
 
 
 def test_backend_norm_and_attention_give_eight_rows_their_8bit_copy(monkeypatch):
