@@ -7,9 +7,12 @@
 #   CONC); profile (the same under cProfile at concurrency 8); chunked (bench_chunked.py at each -b of BUDGETS);
 #   step (scripts/gpu_batch_step.py: a decode step of B sequences); prefill (scripts/gpu_prefill_batch.py: a wave's
 #   prompts in one step, PREFILL_ARGS); ops (scripts/gpu_step_ops.py: its GPU time op by
-#   op at B = 1 and 8); knock (the same script's --knockout: each kind of op's share of the graph at B = 1 and 8).
+#   op at B = 1 and 8); knock (the same script's --knockout: each kind of op's share of the graph at B = 1 and 8);
+#   steps (scripts/serve_steps.py: the server's steps by kind at concurrency 1, then 8); kernels (each kernel of a
+#   decode step of each B in KB (default 8) under Nsight Compute: scripts/gpu_step_kernels.py).
 # env: OUT (/tmp/bdec), L8B (/tmp/l8b.gguf), TEST_FILES, TEST_LIMIT (230), STAGES (default tests,q8t,batched,mixed;
-#      more: mmq,serve,profile,chunked,step,ops,knock), CONC (1,8,8), BUDGETS (64,8192),
+#      more: mmq,serve,profile,chunked,step,ops,knock,steps,kernels), CONC (1,8,8), BUDGETS (64,8192),
+#      STEP_ARGS (more arguments of gpu_batch_step.py), KB (8: the kernels stage's batch sizes),
 #      SERVE_VARIANTS (extra flags of each server the serve stage starts, '|' between them: '|-ub 2048' two servers)
 set -u
 cd "$(dirname "$0")/.."
@@ -71,6 +74,37 @@ if has serve; then  # output tokens/s at concurrency 1 and 8, all on the GPU (th
     serve_down TERM
   done
 fi
+if has steps; then  # the worker's steps at concurrency 1, then 8 (scripts/serve_steps.py): what the waves' prefill holds
+  IFS='|' read -r -a variants <<< "${SERVE_VARIANTS:-}"
+  [[ ${#variants[@]} -eq 0 ]] && variants=("")
+  for i in "${!variants[@]}"; do
+    extra=${variants[$i]}
+    stamp "serve_steps.py: hybrid serve -ngl 99 -np 8 -c 16384 $extra; bench_serve -c 1, then -c 8,8"
+    if serve_up 8093 "$OUT/serve_steps.log" python3 scripts/serve_steps.py --log "$OUT/steps$i.jsonl" -- "$L8B" \
+        -ngl 99 -np 8 -c 16384 -t 16 $extra --port 8093; then
+      timeout -k 5 100 python3 scripts/bench_serve.py --url http://127.0.0.1:8093 -c 1 --requests 16 \
+        --prompt-tokens 256 --max-tokens 128 --prefix-tokens 0 2>&1 | tail -n 2
+      python3 scripts/serve_steps.py --summary "$OUT/steps$i.jsonl" | head -n 12
+      t8=$(date +%s.%N)
+      timeout -k 5 100 python3 scripts/bench_serve.py --url http://127.0.0.1:8093 -c 8,8 --requests 16 \
+        --prompt-tokens 256 --max-tokens 128 --prefix-tokens 0 2>&1 | tail -n 4
+      python3 scripts/serve_steps.py --summary "$OUT/steps$i.jsonl" --after "$t8" | head -n 30
+    fi
+    serve_down TERM
+  done
+fi
+if has kernels; then  # each kernel of a decode step at each B of KB (8) under Nsight Compute
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  KB=${KB:-8}
+  for kb in ${KB//,/ }; do
+    stamp "ncu: scripts/gpu_step_kernels.py -b $kb"
+    timeout -k 5 240 "$NCU" --profile-from-start off --graph-profiling node --metrics gpu__time_duration.sum --csv \
+      --log-file "$OUT/kernels$kb.csv" python3 scripts/gpu_step_kernels.py "$L8B" -b "$kb" --depth 256 \
+      > "$OUT/ncu$kb.log" 2>&1
+    stamp "ncu rc=$?"; tail -n 3 "$OUT/ncu$kb.log"
+    python3 scripts/gpu_step_kernels.py --parse "$OUT/kernels$kb.csv" | head -n 40
+  done
+fi
 if has prefill; then  # a wave of prompts in one eval_batch: ms, tokens/s, host launching against waiting
   stamp "scripts/gpu_prefill_batch.py"
   timeout -k 5 200 python3 scripts/gpu_prefill_batch.py "$L8B" ${PREFILL_ARGS:-} 2>&1 | tee "$OUT/prefill.txt" \
@@ -100,6 +134,6 @@ if has knock; then
 fi
 if has step; then
   stamp "scripts/gpu_batch_step.py"
-  timeout -k 5 120 python3 scripts/gpu_batch_step.py "$L8B" 2>&1 | head -n 30
+  timeout -k 5 150 python3 scripts/gpu_batch_step.py "$L8B" ${STEP_ARGS:-} 2>&1 | head -n 30
 fi
 stamp done
