@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """`hybrid serve` with a log of its worker's steps: each Engine.eval_batch the batched worker runs is written to
 --log (one JSON line: start time in s since the epoch, the tokens each sequence evaluated, which of them were
-prompt rows, ms), and `--summary FILE` prints a log's steps grouped by what they held: decode rows alone, or prompt rows (how many
-prompts, rows, decode rows beside them), with their counts and mean ms. What a load's prefill steps look like
+prompt rows, ms), and `--summary FILE` prints a log's steps grouped by what they held: decode rows alone, or prompt
+rows (how many prompts, rows, decode rows beside them), with their counts and mean ms. What a load's prefill steps look like
 (one wave of prompts in one step, or a lone prompt, then the rest beside its first decode) is read there.
 
     python3 scripts/serve_steps.py --log steps.jsonl -- MODEL -ngl 99 -np 8 [any hybrid serve flag]

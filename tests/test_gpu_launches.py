@@ -1,6 +1,7 @@
 """Fewer launches a decode step of several rows, each the same bytes as the launches it replaces: quantize_q8_mma
 (quantize_q8_1 and q8_mma_pack in one), rope_qk (rope of q and of k in one), matmul_many's one packing for every
-tensor-core weight of 2-8 rows and one launch for its Q4_K weights, and GpuBackend's 8-bit copies of norms and attention outputs for several rows.
+tensor-core weight of 2-8 rows and one launch for its Q4_K weights, and GpuBackend's 8-bit copies of norms and
+attention outputs for several rows.
 
 Every test needs a CUDA device through CuPy (marked `gpu`, skipped elsewhere by conftest.py).
 """

@@ -274,6 +274,21 @@ def test_the_paged_scheduler_serves_on_the_gpu_and_gives_every_block_back(engine
     assert pool.n_free == pool.n_blocks
 
 
+def test_the_paged_schedulers_warm_up_captures_every_batch_size_and_gives_its_blocks_back(engine):
+    sched = PagedScheduler(engine, 4, 64, 256, 1024, block_size=32)
+    gpu = next(be for be in engine.backends if be.name == "gpu")
+    assert sched.warm_up() == 4
+    assert sched.kv.pool.n_free == sched.kv.pool.n_blocks
+    captured = gpu._graphs.stats.captured
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    seqs = [sched.kv.sequence(256) for _ in prompts]
+    engine.eval_batch(list(zip(prompts, seqs)))
+    for b in (3, 2, 1):  # each batch size's first decode step replays a graph the warm-up captured
+        engine.eval_batch([([3], s) for s in seqs[:b]], ids=[True] * b)
+    assert gpu._graphs.stats.captured == captured, gpu.graph_report()
+    assert not gpu.graph_fallback, gpu.graph_report()
+
+
 @pytest.mark.parametrize("n_seq", [1, 3, 8])
 def test_decode_steps_give_greedy_ids_alone_equal_to_the_logits_argmax(engine, n_seq):
     """eval_batch(ids=...): a decode step replayed on the GPU computes each row's argmax there and, when every row

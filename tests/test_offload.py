@@ -429,7 +429,7 @@ def test_streamed_decode_batch_matches_the_cpu(models, arch):
     path = models(arch)
     eng = Engine.load(path, EngineParams(n_ctx=256, n_gpu_layers="3", op_offload=True))
     try:
-        assert eng.op_offload is not None and eng._graphs
+        assert eng.op_offload is not None and eng.replays_graphs
         rng = np.random.default_rng(11)
         prompts = [rng.integers(1, SHAPE.n_vocab, n) for n in (5, 17, 9, 30)]
         out = {}

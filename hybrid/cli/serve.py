@@ -12,6 +12,7 @@ import typer
 
 from hybrid.engine.params import EngineParams
 from hybrid.model.files import resolve_model
+from hybrid.server.paged_scheduler import PagedScheduler
 from hybrid.server.reasoning import REASONING_FORMATS
 from hybrid.server.state import ServerConfig, ServerState
 from hybrid.system.sizes import format_size, parse_size
@@ -113,6 +114,8 @@ def serve(
         state.speculator = make_speculator(spec, engine, params, load_engine)
         engine.warmup()
         state.attach(engine)
+        if isinstance(state.scheduler, PagedScheduler) and state.scheduler.warm_up():
+            note(f"decode graphs captured for 1-{n_parallel} sequences")
         print(f"hybrid serve: {config.alias} at {http.url}/v1 (chat page {http.url}/), {_slots(n_parallel)} of "
               f"{state.n_ctx} tokens ({_cache_words(state, config.cache_ram)}), "
               f"chat template {state.template.name}{', API key required' if key else ''}"

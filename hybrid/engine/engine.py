@@ -308,7 +308,7 @@ class Engine:
         n = tokens.shape[0]
         self._check(tokens, cache)
         # one token, or a speculative check's few with every row wanted: GPU runs replayed as CUDA graphs
-        if self._graphs and (n == 1 or (n <= GRAPH_MAX_TOKENS and logits_from == 0)):
+        if self.replays_graphs and (n == 1 or (n <= GRAPH_MAX_TOKENS and logits_from == 0)):
             logits = self._decode(tokens, [cache], [n], beside=beside)  # (n, n_vocab)
             cache.n_past += n
             return logits[-1] if logits_from is None else logits
@@ -359,7 +359,7 @@ class Engine:
             self._check(t, cache)
         if len(seqs) == 1:
             t, cache = toks[0], seqs[0][1]
-            if ids_only and self._graphs and len(t) == 1:  # eval's decode step, only the id crossing back
+            if ids_only and self.replays_graphs and len(t) == 1:  # eval's decode step, only the id crossing back
                 got = self._decode(t, [cache], [1], beside=beside, ids_only=True)
                 cache.n_past += 1
                 return [int(got[-1]) if want[0] else None]
@@ -368,7 +368,7 @@ class Engine:
         caches = [c for _, c in seqs]
         lengths = [len(t) for t in toks]
         decode = len(seqs) <= GRAPH_MAX_TOKENS and all(n == 1 for n in lengths)
-        if self._graphs and (decode or self._mixed_graph(lengths)) and _one_pool(caches):
+        if self.replays_graphs and (decode or self._mixed_graph(lengths)) and _one_pool(caches):
             last = None if decode else np.cumsum(lengths) - 1  # the rows whose logits are computed: each last one
             got = self._decode(np.concatenate(toks), caches, lengths, last, beside=beside, ids_only=ids_only)
             for c, n in zip(caches, lengths):
@@ -440,7 +440,7 @@ class Engine:
         return frozenset(w.type_name for lw in self.weights.layers for w in lw.values() if len(w.shape) == 2)
 
     @property
-    def _graphs(self) -> bool:
+    def replays_graphs(self) -> bool:
         """Whether some backend replays decode steps as CUDA graphs (a GPU's)."""
         return any(hasattr(b, "decode_step") for b in (*self.backends, self.output_backend))
 
@@ -460,7 +460,7 @@ class Engine:
     def draft_lengths(self, k_max: int) -> tuple[int, ...] | None:
         """The speculative draft lengths worth trying: on a GPU those whose check (the draft and the token before
         it) is 2, 4 or 8 tokens, each one CUDA graph to capture; on the CPU any (None)."""
-        if not self._graphs:
+        if not self.replays_graphs:
             return None
         return tuple(n - 1 for n in (2, 4, GRAPH_MAX_TOKENS) if n - 1 <= k_max) or (1,)
 
@@ -469,7 +469,7 @@ class Engine:
         lengths `lengths`), once: two evaluations of each size past the cache's tokens (the first runs eagerly, the
         second is captured), then the cache rolled back, its cells past n_past to be overwritten. No-op on the CPU,
         or where the cache has no room."""
-        if not self._graphs:
+        if not self.replays_graphs:
             return
         key = (cache.n_ctx, tuple(sorted(set(lengths))))
         if key in self.checks_prepared:
@@ -496,7 +496,7 @@ class Engine:
         rows are computed together at the first read."""
         tokens = np.asarray(tokens, dtype=np.int64)
         n = tokens.shape[0]
-        if n == 1 or n > self.params.n_ubatch or (self._graphs and n <= GRAPH_MAX_TOKENS):
+        if n == 1 or n > self.params.n_ubatch or (self.replays_graphs and n <= GRAPH_MAX_TOKENS):
             return LazyRows.ready(self.eval(tokens, cache, logits_from=0))
         self._check(tokens, cache)
         positions = np.arange(cache.n_past, cache.n_past + n, dtype=np.int32)
