@@ -9,7 +9,8 @@
 #                                               each NGL (CONC at the first, 1 and NP after), then llama-server at the
 #                                               first NGL
 # env: OUT (/tmp/serve_out), MODEL (/tmp/l8b.gguf), NGLS (99,16), NP (8), CTX (16384), CONC (1,4,8,16), REQUESTS (16),
-#      PROMPT (256), GEN (128), ROUNDS (1), THREADS (16), LSERVER ($HOME/lbuild/bin/llama-server)
+#      PROMPT (256), GEN (128), ROUNDS (1), THREADS (16), LSERVER ($HOME/lbuild/bin/llama-server),
+#      EXTRA (more flags for both servers, e.g. '-ub 2048'), BATCHED (1: the bench stage's hybrid bench --batched)
 # llama-server's source: `bash ../shared/device/llamacpp.sh prepare`, then put back tools/ui's CMakeLists.txt and
 # *.in from the same sdist (prepare drops tools/ui; with -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF the server
 # builds without its web page); carry [".llamacpp", ".whl"].
@@ -44,12 +45,13 @@ serve_one() {  # serve_one hybrid|llama NGL ROUND: start that server, load it wi
     [[ -x $LSERVER ]] || { echo "no llama-server"; tail -n 20 "$OUT/lbuild.log" "$OUT/lcmake.log" 2>/dev/null; return; }
     port=8092; cmd=("$LSERVER" -m "$MODEL" -fa on)
   fi
-  stamp "$tool -ngl $ngl -np $NP, round $round"
-  if serve_up $port "$OUT/${tool}_serve_${ngl}_$round.log" "${cmd[@]}" -ngl "$ngl" -np "$NP" -c "$CTX" -t "$THREADS" \
-      --port $port; then
-    timeout -k 5 400 python3 scripts/bench_serve.py --url http://127.0.0.1:$port --label "$tool -ngl $ngl" \
+  local tag=${EXTRA:+_${EXTRA// /}}
+  stamp "$tool -ngl $ngl -np $NP ${EXTRA:-}, round $round"
+  if serve_up $port "$OUT/${tool}_serve_${ngl}${tag}_$round.log" "${cmd[@]}" -ngl "$ngl" -np "$NP" -c "$CTX" \
+      -t "$THREADS" ${EXTRA:-} --port $port; then
+    timeout -k 5 400 python3 scripts/bench_serve.py --url http://127.0.0.1:$port --label "$tool -ngl $ngl ${EXTRA:-}" \
       -c "$CONC" --requests "$REQUESTS" --prompt-tokens "$PROMPT" --max-tokens "$GEN" --prefix-tokens 0 \
-      --json "$OUT/${tool}_${ngl}_$round.json" 2>&1 | tail -n 7
+      --json "$OUT/${tool}_${ngl}${tag}_$round.json" 2>&1 | tail -n 14
     [[ $tool == hybrid ]] && curl -s http://127.0.0.1:$port/metrics | grep -E "kv_blocks|preempt" | head -4
   fi
   serve_down TERM
@@ -89,6 +91,7 @@ bench)
   for round in $(seq 1 "$ROUNDS"); do
     for ngl in ${NGLS//,/ }; do serve_pair "$ngl" "$round"; done
   done
+  [[ ${BATCHED:-1} == 1 ]] || exit 0
   stamp "hybrid bench --batched"
   timeout -k 5 200 python3 -m hybrid bench -m "$MODEL" -ngl 99 --batched -npp 128 -ntg 128 -npl 1,4,8 \
     > "$OUT/batched.txt" 2>&1; tail -n 8 "$OUT/batched.txt" ;;

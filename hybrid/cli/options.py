@@ -56,8 +56,8 @@ def _threads(value: int) -> int:
 def at_least(low: int, meaning: str = "") -> Callable[[int], int]:
     """A callback refusing values below `low` (`meaning`: what `low` itself means, said in the message)."""
 
-    def check(value: int) -> int:
-        if value < low:
+    def check(value: int | None) -> int | None:
+        if value is not None and value < low:  # None: a command's "auto" default
             raise typer.BadParameter(f"{value} is below {low}" + (f" ({low} = {meaning})" if meaning else ""))
         return value
 
@@ -137,7 +137,8 @@ UBatchOpt = Annotated[
     int, typer.Option("-ub", "--ubatch-size", callback=at_least(1),
                       help="Physical micro-batch through the layers. Larger costs VRAM for its buffers and saves "
                            "the GPU's per-micro-batch work: a GPU server with room prefills waves of prompts "
-                           "faster at -ub 2048.")
+                           "faster at -ub 2048. hybrid serve's default is auto: -b where every layer is on the GPU "
+                           "with room for the larger buffers, else 512.")
 ]
 ThreadsOpt = Annotated[
     int,

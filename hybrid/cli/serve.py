@@ -71,7 +71,7 @@ def _cache_words(state, cache_ram: int) -> str:
             "the slots and the prefix cache")
 
 
-@engine_flags(*LOAD_FLAGS)
+@engine_flags(*LOAD_FLAGS, ubatch=None)  # -ub auto: launch.resolve_ubatch
 @spec_flags
 def serve(
     model: ModelArgument = None,

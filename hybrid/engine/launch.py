@@ -1,5 +1,5 @@
 """Starting an engine the way every front end does (the CLI today, the server next): -ngl resolved against the
-GPUs there are (`auto` measured as `hybrid probe` does), `Engine.load`, and within it, once the layers are placed,
+GPUs there are (`auto` measured as `hybrid probe` does), -ub auto made concrete, `Engine.load`, and within it, once the layers are placed,
 the kernels the CPU's share calls compiled ahead on a first run (in parallel) and the worker threads pinned one
 per physical core. Progress goes to callbacks; nothing is printed."""
 
@@ -15,6 +15,7 @@ from kernels_cpu.signatures import closure
 
 from hybrid.engine.engine import Engine
 from hybrid.engine.params import EngineParams
+from hybrid.errors import PlacementError
 from hybrid.system.devices import probe_gpus
 from hybrid.system.compile import (CompilePool, CompileStatus, compile_kernels, kernel_cache_stale,
                                    load_cpu_target, mark_kernels_compiled, uncached)
@@ -62,6 +63,41 @@ def resolve_gpu_layers(path: Path, params: EngineParams, progress: Progress) -> 
     return replace(params, n_gpu_layers=chosen)
 
 
+AUTO_UBATCH_SMALL = 512  # -ub auto where some layer stays on the CPU or the larger buffers do not fit
+
+
+def resolve_ubatch(path: Path, params: EngineParams, progress: Progress) -> EngineParams:
+    """params with -ub auto (n_ubatch None, `hybrid serve`'s default) made concrete: the whole -b where every layer
+    and the output sit on the GPU, no tensor overridden to the CPU, and the plan with micro-batches of -b tokens
+    still fits the VRAM with the probe's 1 GiB of headroom; else AUTO_UBATCH_SMALL (llama.cpp's 512). The GPU
+    prefill dequantizes every weight once a micro-batch for cuBLAS, so a wave of prompts in one micro-batch of
+    2048 costs an 8B model ~0.6x of four of 512; the price is the FFN's larger buffers (~350 MB at 2048)."""
+    if params.n_ubatch is not None:
+        return params
+    small = replace(params, n_ubatch=min(AUTO_UBATCH_SMALL, params.n_batch))
+    if params.n_gpu_layers == 0 or params.overrides or params.n_batch <= small.n_ubatch:
+        return small
+    from hybrid.plan.budget import plan_for  # noqa: PLC0415
+    from hybrid.plan.probe import DEFAULT_MARGIN_BYTES  # noqa: PLC0415
+
+    gpus, _ = probe_gpus()
+    if not gpus:
+        return small
+    big = replace(params, n_ubatch=params.n_batch)
+    budget = params.vram_budget if params.vram_budget is not None else gpus[0].free_bytes
+    with open_gguf(path) as f:
+        config = ModelConfig.from_gguf(f)
+        inputs = big.plan_inputs(params.n_ctx or config.n_ctx_train)
+        try:
+            plan = plan_for(config, f.tensors, max(0, budget - DEFAULT_MARGIN_BYTES), big.n_gpu_layers, inputs)
+        except PlacementError:  # not with micro-batches that large (the load says so for the flags as given)
+            return small
+    if plan.n_gpu_layers >= config.n_layer + 1 and plan.max_fit_ngl >= config.n_layer + 1:
+        progress(f"-ub auto: {big.n_ubatch} (every layer on the GPU, with room for micro-batches of -b tokens)")
+        return big
+    return small
+
+
 def launch(path: Path, params: EngineParams, marker_dir: Path, progress: Progress,
            on_compile: Callable[[CompileStatus], None] | None = None) -> tuple[Engine, float]:
     """The engine and its load time in ms. When kernels this model calls on the CPU are not in the compile cache
@@ -70,7 +106,7 @@ def launch(path: Path, params: EngineParams, marker_dir: Path, progress: Progres
     time; on_compile hears how far the compile got. On a first run (no marker) the compiling processes start
     before the model opens. Then Numba's workers are pinned one per physical core (params.cpus narrows the CPUs,
     params.numa orders them), before the CPU layers are repacked."""
-    params = resolve_gpu_layers(path, params, progress)
+    params = resolve_ubatch(path, resolve_gpu_layers(path, params, progress), progress)
     t0 = time.perf_counter()
     stale = kernel_cache_stale(marker_dir)
     verbose = params.n_gpu_layers != 0 or params.use_mlock or bool(params.numa)

@@ -13,7 +13,7 @@ from hybrid.plan.overrides import Override
 class EngineParams:
     n_ctx: int = 4096  # -c; 0 = the model's training context
     n_batch: int = 2048  # -b: logical batch (how many prompt tokens one eval call takes)
-    n_ubatch: int = 512  # -ub: physical micro-batch through the layers
+    n_ubatch: int | None = 512  # -ub: physical micro-batch through the layers; None: auto (launch.resolve_ubatch)
     type_k: str = "f16"  # -ctk
     type_v: str = "f16"  # -ctv
     n_threads: int = 0  # -t; 0 = physical cores
