@@ -631,7 +631,8 @@ def matmul_many(ws_raw, type_names, x, q8: bool | None = None, q8_act: tuple | N
     GEMM_STACK_ELEMENTS) the quantized weights are dequantized into one fp16 scratch, rows stacked, for one GEMM
     whose columns are then copied out per weight. 2..8 tokens: one quantize_q8_1 of x (or q8_act) for every
     8-bit weight, and one packing of it for those that take the tensor cores (quantize_q8_mma, one launch, when no
-    other needs quantize_q8_1's layout). Anything else: matmul per weight.
+    other needs quantize_q8_1's layout); with MMQ_MULTI, where a Q4_K weight takes the tensor cores, every Q4_K
+    weight shares one launch (_mmq_multi). Anything else: matmul per weight.
     """
     import cupy  # noqa: PLC0415
 

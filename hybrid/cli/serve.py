@@ -114,8 +114,8 @@ def serve(
         state.speculator = make_speculator(spec, engine, params, load_engine)
         engine.warmup()
         state.attach(engine)
-        if isinstance(state.scheduler, PagedScheduler) and state.scheduler.warm_up():
-            note(f"decode graphs captured for 1-{n_parallel} sequences")
+        if isinstance(state.scheduler, PagedScheduler) and (warmed := state.scheduler.warm_up()):
+            note(f"decode graphs captured for 1-{warmed} sequences")
         print(f"hybrid serve: {config.alias} at {http.url}/v1 (chat page {http.url}/), {_slots(n_parallel)} of "
               f"{state.n_ctx} tokens ({_cache_words(state, config.cache_ram)}), "
               f"chat template {state.template.name}{', API key required' if key else ''}"

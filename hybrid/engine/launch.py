@@ -1,7 +1,7 @@
 """Starting an engine the way every front end does (the CLI today, the server next): -ngl resolved against the
-GPUs there are (`auto` measured as `hybrid probe` does), -ub auto made concrete, `Engine.load`, and within it, once the layers are placed,
-the kernels the CPU's share calls compiled ahead on a first run (in parallel) and the worker threads pinned one
-per physical core. Progress goes to callbacks; nothing is printed."""
+GPUs there are (`auto` measured as `hybrid probe` does), -ub auto made concrete, `Engine.load`, and within it, once
+the layers are placed, the kernels the CPU's share calls compiled ahead on a first run (in parallel) and the worker
+threads pinned one per physical core. Progress goes to callbacks; nothing is printed."""
 
 from __future__ import annotations
 

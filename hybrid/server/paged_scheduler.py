@@ -15,6 +15,7 @@ Each sequence is limited to n_ctx_slot positions (-c / -np, as the slots). No HT
 
 from __future__ import annotations
 
+from hybrid.engine.engine import GRAPH_MAX_TOKENS
 from hybrid.generate.loop import check_fits
 from hybrid.generate.sampling import Sampler
 from hybrid.kv.blocks import OutOfBlocks
@@ -50,11 +51,13 @@ class PagedScheduler:
         throwaway sequences of the pool (the first runs eagerly, the second is captured, the third replays), their
         blocks then given back. A batch size's first two steps otherwise cost 20-30 ms each (H200, an 8B model,
         against ~5 ms replayed) in the middle of the first loads, whenever a wave ends with that many sequences
-        still running. Returns the batch sizes warmed (0 where no backend replays graphs: the CPU)."""
+        still running. Batch sizes past GRAPH_MAX_TOKENS run eagerly anyway, and each sequence takes a block of
+        the pool. Returns the largest batch size warmed (0 where no backend replays graphs: the CPU)."""
         if not self.engine.replays_graphs:
             return 0
         bos = self.engine.tokenizer.bos_id if self.engine.tokenizer.bos_id is not None else 0
-        for b in range(1, self.n_slots + 1):
+        n = min(self.n_slots, GRAPH_MAX_TOKENS, self.kv.pool.n_free)
+        for b in range(1, n + 1):
             caches = [self.kv.sequence(self.n_ctx_slot) for _ in range(b)]
             try:
                 for _ in range(3):
@@ -62,7 +65,7 @@ class PagedScheduler:
             finally:
                 for c in caches:
                     c.release()
-        return self.n_slots
+        return n
 
     @property
     def free_slots(self) -> int:
