@@ -92,3 +92,16 @@ def test_near_end():
     assert not near_end(seq(128, 128 - NEAR_END - 1))
     assert not near_end(seq(-1, 1000))  # until the context is full: no known end
     assert not near_end(seq(2, 0, remaining=5))  # still evaluating its prompt
+
+
+def test_a_wave_that_fills_a_steps_budget_is_admitted_without_the_rest():
+    clock, a = make()
+    for _ in range(8):
+        a.reply_ended()
+    for i in range(5):
+        a.gather(f"j{i}", tokens=369)
+        assert a.wait_s(free=8, near_end=0, budget=2048) > 0  # 1845 tokens: room for more in the step
+    a.gather("j5", tokens=369)  # 2214 >= 2048: later arrivals could not join this step
+    assert a.wait_s(free=8, near_end=0, budget=2048) == 0
+    assert a.wait_s(free=8, near_end=0) > 0  # no budget given: still waiting for the other two
+    assert len(a.release(8)) == 6 and a.tokens == []

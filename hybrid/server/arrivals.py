@@ -5,8 +5,9 @@ the rest beside its first decode, and the streams stay out of step from then on 
 step or two before the others, and comes back alone again). The batched worker gathers arrivals instead while more
 are expected soon: one for each reply that ended within RETURN_WINDOW_S whose client has not come back, and one for
 each running sequence within NEAR_END tokens of its max_tokens. What it gathered is admitted once it fills the slots
-free by then, once no arrival is expected, or MAX_WAIT_S after the first arrival, whichever comes first. A lone
-client (each request after the last reply) is never held: its return was expected and came."""
+free by then, once its prompts fill a step's token budget (-b: later arrivals could not join that step anyway), once
+no arrival is expected, or MAX_WAIT_S after the first arrival, whichever comes first. A lone client (each request
+after the last reply) is never held: its return was expected and came."""
 
 from __future__ import annotations
 
@@ -29,23 +30,26 @@ class Arrivals:
         self.max_wait_s = max_wait_s
         self.ended: deque[float] = deque()  # when replies ended whose clients have not come back yet
         self.gathered: list = []
+        self.tokens: list[int] = []  # each gathered request's prompt tokens
         self.since = 0.0  # when the first of `gathered` came
 
     def reply_ended(self) -> None:
         self.ended.append(self.clock())
 
-    def gather(self, job) -> None:
-        """A request taken from the queue: held until release(); it is the return of the oldest ended reply."""
+    def gather(self, job, tokens: int = 0) -> None:
+        """A request (of `tokens` prompt tokens) taken from the queue: held until release(); it is the return of the
+        oldest ended reply."""
         now = self._expire()
         if self.ended:
             self.ended.popleft()
         if not self.gathered:
             self.since = now
         self.gathered.append(job)
+        self.tokens.append(tokens)
 
-    def wait_s(self, free: int, near_end: int) -> float:
+    def wait_s(self, free: int, near_end: int, budget: int = 0) -> float:
         """Seconds to go on gathering (0: admit what is gathered now). free: slots free now; near_end: running
-        sequences within NEAR_END tokens of their end."""
+        sequences within NEAR_END tokens of their end; budget: a step's prompt tokens (-b; 0: no bound)."""
         if not self.gathered:
             return 0.0
         now = self._expire()
@@ -53,11 +57,13 @@ class Arrivals:
             return 0.0
         if len(self.gathered) >= free + near_end:  # the wave fills what will be free
             return 0.0
+        if budget and sum(self.tokens) >= budget:  # the wave fills a step
+            return 0.0
         return max(0.0, self.since + self.max_wait_s - now)
 
     def release(self, n: int) -> list:
         """The first n gathered requests, to admit (the rest stay gathered, their wait going on)."""
-        jobs, self.gathered = self.gathered[:n], self.gathered[n:]
+        jobs, self.gathered, self.tokens = self.gathered[:n], self.gathered[n:], self.tokens[n:]
         return jobs
 
     def _expire(self) -> float:

@@ -54,12 +54,12 @@ def _serve(state, sched: BatchScheduler, stop: threading.Event, poll_s: float, o
         near = sum(near_end(r.seq) for r in jobs.values())
         while len(arrivals.gathered) < sched.free_slots:  # take what waits; block only when nothing runs
             idle = not (jobs or held)
-            wait = arrivals.wait_s(sched.free_slots, near)
+            wait = arrivals.wait_s(sched.free_slots, near, sched.n_batch)
             job = state.slots.take(0 if not idle else wait if arrivals.gathered else poll_s)
             if job is None:
                 break
-            arrivals.gather(job)
-        if arrivals.wait_s(sched.free_slots, near) == 0:
+            arrivals.gather(job, len(job.prompt_ids))
+        if arrivals.wait_s(sched.free_slots, near, sched.n_batch) == 0:
             for job in arrivals.release(sched.free_slots):
                 if job.req.cache_prompt and sched.waits_for_prefix(job.prompt_ids):
                     held.append(job)
