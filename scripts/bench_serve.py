@@ -251,6 +251,10 @@ def main() -> int:
         cells = [" / ".join(f"{s[k][q]:.1f}" for q in ("mean", "median", "p99"))
                  for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")]
         print(f"| {label} | {c} | " + " | ".join(cells) + f" | {s['output_tok_s']:.1f} |")
+    one = report["levels"].get(1)
+    if one and len(report["levels"]) > 1:  # each level's throughput against one stream's (the batching issue's ratios)
+        print("output tok/s against concurrency 1: " + ", ".join(
+            f"{c}: {s['output_tok_s'] / one['output_tok_s']:.2f}x" for c, s in report["levels"].items() if c != 1))
     for c, s in report["levels"].items():
         w = s.get("worker")
         if w:
